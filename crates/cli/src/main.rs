@@ -1,0 +1,163 @@
+//! `deltafin`: run mixture-of-experts models far larger than memory, exactly.
+
+mod generate;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use deltafin_makemodel::{make_model, Arch, Preset};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "deltafin", version, about = "Run mixture-of-experts models far larger than memory, exactly.")]
+struct Cli {
+    /// Worker threads for the kernels (default: one per core). Results are bit-identical for any count.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Greedy generation from a checkpoint directory.
+    Run(RunArgs),
+    /// Create the built-in `small` K3 model once (in the cache directory) and generate from it.
+    Demo(DemoArgs),
+    /// Write a seeded random checkpoint in the exact Kimi K3 / Kimi Linear on-disk layout.
+    MakeModel(MakeModelArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer files).
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    gen: GenArgs,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Prompt text, tokenized with the checkpoint's tiktoken.model (no BOS is prepended).
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids, e.g. 1,2,3.
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Number of tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    max_new: usize,
+    /// Keep generating past the end-of-sequence token (default: stop at it).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Write the logits as float32 .npy [rows, vocab]: every prompt position, then each generated token's.
+    #[arg(long)]
+    dump_logits: Option<PathBuf>,
+    /// Print the generated token ids as a JSON list on stdout after the text.
+    #[arg(long)]
+    print_ids: bool,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Where the demo model is created and kept (default: $DELTAFIN_CACHE, else ~/.cache/deltafin).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(long, default_value = "The expert store streams weights from the drive")]
+    prompt: String,
+    /// Number of tokens to generate.
+    #[arg(long, default_value_t = 48)]
+    max_new: usize,
+}
+
+#[derive(Args)]
+struct MakeModelArgs {
+    /// Architecture: kimi_k3 or kimi_linear.
+    #[arg(long)]
+    arch: Arch,
+    /// Size: tiny (unit tests, a few MB) or small (>= 64 experts per layer, a few hundred MB).
+    #[arg(long)]
+    preset: Preset,
+    /// Seed of the random weights: the same seed writes byte-identical files.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Output directory (created; must not already hold a checkpoint).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+    }
+    match cli.command {
+        Command::Run(a) => generate::run(&a.model, &a.gen),
+        Command::Demo(a) => demo(a),
+        Command::MakeModel(a) => {
+            if a.out.join("config.json").exists() {
+                bail!("{} already holds a checkpoint; choose an empty --out directory", a.out.display());
+            }
+            let s = make_model(a.arch, a.preset, a.seed, &a.out)?;
+            println!("{}: {s}", a.out.display());
+            Ok(())
+        }
+    }
+}
+
+fn demo(a: DemoArgs) -> Result<()> {
+    let cache = match a.cache_dir {
+        Some(d) => d,
+        None => default_cache_dir()?,
+    };
+    let dir = cache.join("kimi_k3-small-seed0");
+    if !dir.join("config.json").exists() {
+        eprintln!("creating the demo model (kimi_k3, small preset) in {} ...", dir.display());
+        create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ()))?;
+    }
+    let gen = GenArgs {
+        prompt: Some(a.prompt),
+        prompt_ids: None,
+        max_new: a.max_new,
+        ignore_eos: false,
+        dump_logits: None,
+        print_ids: false,
+    };
+    generate::run(&dir, &gen)
+}
+
+fn default_cache_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("DELTAFIN_CACHE") {
+        return Ok(PathBuf::from(d));
+    }
+    let home = std::env::var_os("HOME").context("neither DELTAFIN_CACHE nor HOME is set; pass --cache-dir")?;
+    Ok(PathBuf::from(home).join(".cache").join("deltafin"))
+}
+
+/// Builds `dir` in a sibling temp directory and renames it into place, so an interrupted run never leaves a
+/// half-written model where the next run would trust it.
+fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dir.parent().context("the model directory needs a parent")?;
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let tmp = parent.join(format!(
+        ".{}.partial-{}",
+        dir.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
+        std::process::id()
+    ));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    build(&tmp)?;
+    std::fs::rename(&tmp, dir).with_context(|| format!("cannot move {} to {}", tmp.display(), dir.display()))
+}

@@ -1,0 +1,141 @@
+//! Every deviation from the contract is a clear error that names the file, tensor or field, what was
+//! expected and what was found — never a panic, never a silent fallback.
+
+mod common;
+use common::*;
+use deltafin_makemodel::Arch;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::path::Path;
+
+/// `deltafin run` on `model`; asserts a clean failure (exit 1, no panic) and returns stderr.
+fn run_err(model: &Path, ids: &str) -> String {
+    let out = bin().arg("run").arg("--model").arg(model).args(["--prompt-ids", ids, "--max-new", "2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "expected a clean failure, got {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "a panic is never an error message: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+/// The shard of the index holding `tensor`.
+fn shard_of(model: &Path, tensor: &str) -> std::path::PathBuf {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(model.join("model.safetensors.index.json")).unwrap()).unwrap();
+    model.join(index["weight_map"][tensor].as_str().unwrap())
+}
+
+/// Rewrites the shard holding `tensor`, letting `edit` drop it (None) or replace it.
+fn rewrite(model: &Path, tensor: &str, edit: impl Fn(TensorView) -> Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+    let path = shard_of(model, tensor);
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        if name == tensor {
+            if let Some((d, s, b)) = edit(view) {
+                owned.push((name, d, s, b));
+            }
+        } else {
+            owned.push((name, view.dtype(), view.shape().to_vec(), view.data().to_vec()));
+        }
+    }
+    let views: Vec<(String, TensorView)> =
+        owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+const EMBED: &str = "language_model.model.embed_tokens.weight";
+const NORM: &str = "language_model.model.layers.1.input_layernorm.weight";
+
+#[test]
+fn missing_tensor_is_named() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    let target = "language_model.model.layers.2.self_attn.q_proj.weight";
+    rewrite(&m, target, |_| None);
+    let e = run_err(&m, "1,2");
+    assert!(e.contains(target), "{e}");
+}
+
+#[test]
+fn wrong_dtype_is_named_with_expected_and_found() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    rewrite(&m, EMBED, |v| {
+        let widened: Vec<u8> = v.data().chunks(2).flat_map(|c| [0, 0, c[0], c[1]]).collect();
+        Some((Dtype::F32, v.shape().to_vec(), widened))
+    });
+    let e = run_err(&m, "1,2");
+    assert!(e.contains(EMBED) && e.contains("has dtype F32, expected BF16"), "{e}");
+}
+
+#[test]
+fn wrong_shape_is_named_with_expected_and_found() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    rewrite(&m, NORM, |v| Some((v.dtype(), vec![32], v.data()[..64].to_vec())));
+    let e = run_err(&m, "1,2");
+    assert!(e.contains(NORM) && e.contains("has shape [32], expected [64]"), "{e}");
+}
+
+#[test]
+fn truncated_shard_is_reported() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    let shard = shard_of(&m, EMBED);
+    let len = std::fs::metadata(&shard).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&shard).unwrap();
+    f.set_len(len - 1000).unwrap();
+    let e = run_err(&m, "1,2");
+    assert!(e.contains(shard.file_name().unwrap().to_str().unwrap()) && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn bad_json_and_unknown_model_type_are_reported() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    let cfg_path = m.join("config.json");
+    let original = std::fs::read_to_string(&cfg_path).unwrap();
+    std::fs::write(&cfg_path, &original[..original.len() / 2]).unwrap();
+    let e = run_err(&m, "1,2");
+    assert!(e.contains("config.json") && e.contains("not valid JSON"), "{e}");
+
+    let mut v: serde_json::Value = serde_json::from_str(&original).unwrap();
+    v["model_type"] = "gpt2".into();
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = run_err(&m, "1,2");
+    assert!(e.contains("config.json") && e.contains("\"gpt2\"") && e.contains("kimi_k3"), "{e}");
+
+    v["model_type"] = "kimi_k3".into();
+    v["text_config"].as_object_mut().unwrap().remove("num_experts");
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = run_err(&m, "1,2");
+    assert!(e.contains("missing field `num_experts`"), "{e}");
+}
+
+#[test]
+fn corrupt_expert_scale_is_an_error_naming_layer_and_expert() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    // Poison every expert of layer 1 so whichever is routed is caught.
+    for e in 0..16 {
+        let name = format!("language_model.model.layers.1.block_sparse_moe.experts.{e}.w2.weight_scale");
+        rewrite(&m, &name, |v| {
+            let mut b = v.data().to_vec();
+            b[0] = 255;
+            Some((v.dtype(), v.shape().to_vec(), b))
+        });
+    }
+    let e = run_err(&m, "1,2");
+    assert!(e.contains("layer 1 expert") && e.contains("255"), "{e}");
+}
+
+#[test]
+fn out_of_vocabulary_prompt_and_missing_directory() {
+    let t = tiny(Arch::KimiK3, 0);
+    let e = run_err(&model_dir(&t), "1,99999");
+    assert!(e.contains("99999") && e.contains("vocabulary"), "{e}");
+    let e = run_err(&t.path().join("nope"), "1");
+    assert!(e.contains("config.json"), "{e}");
+}

@@ -1,0 +1,43 @@
+//! Checkpoint formats: `config.json`, safetensors shards and their index, `.npy` output.
+//! Knows nothing of the engine: it turns files into typed, validated views and says exactly what is wrong.
+
+pub mod checkpoint;
+pub mod config;
+pub mod npy;
+pub mod writer;
+
+/// Element types deltafin reads from checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    Bf16,
+    F32,
+    U8,
+}
+
+impl Dtype {
+    /// The safetensors spelling ("BF16", "F32", "U8").
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "BF16",
+            Dtype::F32 => "F32",
+            Dtype::U8 => "U8",
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Bf16 => 2,
+            Dtype::F32 => 4,
+            Dtype::U8 => 1,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        match name {
+            "BF16" => Some(Dtype::Bf16),
+            "F32" => Some(Dtype::F32),
+            "U8" => Some(Dtype::U8),
+            _ => None,
+        }
+    }
+}

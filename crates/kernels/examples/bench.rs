@@ -1,0 +1,71 @@
+//! Weight bandwidth of `matmul` on a 4096x4096 matrix: GB/s of stored weight bytes per product, for
+//! n = 1 (decode) and n = 16 (prefill), on one thread and on the whole rayon pool.
+//!
+//! `cargo run -p deltafin-kernels --release --example bench [-- --scalar]`
+
+use deltafin_kernels::{codec::f32_to_bf16, isa, matmul, set_force_scalar, Matrix};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::{Duration, Instant};
+
+const ROWS: usize = 4096;
+const COLS: usize = 4096;
+
+fn main() {
+    set_force_scalar(std::env::args().any(|a| a == "--scalar"));
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let bf16: Vec<u16> = (0..ROWS * COLS)
+        .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let packed: Vec<u8> = (0..ROWS * COLS / 2).map(|_| rng.gen()).collect();
+    let scales: Vec<u8> = (0..ROWS * COLS / 32)
+        .map(|_| rng.gen_range(120..130))
+        .collect();
+    let matrices = [
+        (
+            "bf16",
+            Matrix::bf16(&bf16, ROWS, COLS).unwrap(),
+            bf16.len() * 2,
+        ),
+        (
+            "mxfp4",
+            Matrix::mxfp4(&packed, &scales, ROWS, COLS).unwrap(),
+            packed.len() + scales.len(),
+        ),
+    ];
+    let all = rayon::current_num_threads();
+    println!("isa {}, {ROWS}x{COLS}, median of timed runs", isa());
+    for threads in [1, all] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (name, w, bytes) in &matrices {
+            for n in [1, 16] {
+                let x: Vec<f32> = (0..n * COLS).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let mut y = vec![0.0; n * ROWS];
+                let time = pool.install(|| median_time(|| matmul(w, &x, n, &mut y)));
+                let gbs = *bytes as f64 / time.as_secs_f64() / 1e9;
+                let gflops = 2.0 * (ROWS * COLS * n) as f64 / time.as_secs_f64() / 1e9;
+                println!(
+                    "{name:5} n={n:2} threads={threads}: {:8.3} ms  {gbs:6.2} GB/s weights  {gflops:6.1} GFLOP/s",
+                    time.as_secs_f64() * 1e3
+                );
+            }
+        }
+    }
+}
+
+/// Median of repeated runs after a warm-up, running for about half a second.
+fn median_time(mut f: impl FnMut()) -> Duration {
+    f();
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < Duration::from_millis(500) && times.len() < 200) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
+}

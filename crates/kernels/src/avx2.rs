@@ -1,0 +1,309 @@
+//! The AVX2+FMA path. The 32 lanes of the crate's reduction order live in four `__m256` accumulators
+//! (lanes 0–7, 8–15, 16–23, 24–31), and [`fold`] performs exactly the scalar path's tree.
+//!
+//! Every function here is `unsafe` because it requires a CPU with AVX2 and FMA; callers check first.
+
+use crate::scalar::fma_tail;
+use crate::Matrix;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Yields the weights of one matrix row as f32, eight at a time, so each vector is consumed by its fmas
+/// right away and the token block's accumulators keep the registers.
+trait RowDecoder {
+    /// What a 32-weight block needs decoded once (the MXFP4 scaled table).
+    type Block: Copy;
+    unsafe fn block(&self, b: usize) -> Self::Block;
+    /// Weights 32b+8j..32b+8j+8 of the row: lanes 8j..8j+8 of the crate's 32.
+    unsafe fn eight(&self, block: Self::Block, b: usize, j: usize) -> __m256;
+}
+
+struct Bf16Row(*const u16);
+
+impl RowDecoder for Bf16Row {
+    type Block = ();
+
+    #[inline]
+    unsafe fn block(&self, _: usize) {}
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn eight(&self, _: (), b: usize, j: usize) -> __m256 {
+        widen_bf16(self.0.add(b * 32 + j * 8))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn widen_bf16(p: *const u16) -> __m256 {
+    let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
+}
+
+struct Mxfp4Row {
+    packed: *const u8,
+    scales: *const u8,
+}
+
+impl RowDecoder for Mxfp4Row {
+    type Block = __m256;
+
+    /// The eight magnitudes times the block scale (exact, so equal to scaling each weight), with the
+    /// magnitude index m pre-XORed into bits 28..31: see `eight`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block(&self, b: usize) -> __m256 {
+        let magnitudes = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+        let scale = _mm256_broadcast_ss(&crate::codec::E8M0[usize::from(*self.scales.add(b))]);
+        let index_bits = _mm256_setr_epi32(
+            0,
+            1 << 28,
+            2 << 28,
+            3 << 28,
+            4 << 28,
+            5 << 28,
+            6 << 28,
+            7 << 28,
+        );
+        _mm256_xor_ps(
+            _mm256_mul_ps(magnitudes, scale),
+            _mm256_castsi256_ps(index_bits),
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn eight(&self, table: __m256, b: usize, j: usize) -> __m256 {
+        decode_eight(table, self.packed.add(b * 16 + j * 4))
+    }
+}
+
+/// Eight MXFP4 weights from the four bytes at `p`.
+///
+/// Lane i takes the word shifted right by 4i, so its low four bits are nibble i (little-endian: element
+/// i sits at bits 4i..4i+4); vpermps reads only the low three, the magnitude m. Shifting the lane left by
+/// 28 leaves exactly the nibble in bits 28..31; XORing it onto the table entry (which holds m there
+/// already) cancels m and sets the sign bit, which gives the signed weight in four instructions.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode_eight(table: __m256, p: *const u8) -> __m256 {
+    let word = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
+    let lanes = _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    let entry = _mm256_permutevar8x32_ps(table, lanes);
+    _mm256_xor_ps(entry, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(lanes)))
+}
+
+pub(crate) unsafe fn matmul_rows(
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    match *w {
+        Matrix::Bf16 { data, cols, .. } => rows_with(
+            |r| Bf16Row(data[r * cols..].as_ptr()),
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Mxfp4 {
+            packed,
+            scales,
+            cols,
+            ..
+        } => rows_with(
+            |r| Mxfp4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+    }
+}
+
+/// Tokens processed per pass over a weight row: each decoded weight feeds this many accumulator sets.
+/// Three keeps the 12 accumulators, the weights and the MXFP4 table in the 16 ymm registers; four spills.
+const TOKEN_BLOCK: usize = 3;
+/// Rows that share one pass over a tile of x, and the tile's width in 32-column blocks. A tile of
+/// TOKEN_BLOCK x rows (6 KiB) and the rows' matching weights stay in L1; without the tiling every weight
+/// row would stream the whole x block from L2 again.
+const ROW_GROUP: usize = 8;
+const TILE_BLOCKS: usize = 16;
+
+/// The 32 lanes of one (row, token) pair.
+type Lanes = [__m256; 4];
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_with<R: RowDecoder>(
+    row_at: impl Fn(usize) -> R,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    for first_row in range.clone().step_by(ROW_GROUP) {
+        let rows = first_row..(first_row + ROW_GROUP).min(range.end);
+        for t in (0..n).step_by(TOKEN_BLOCK) {
+            let xt = x[t * cols..].as_ptr();
+            let mut put = |r: usize, lanes: &[Lanes]| {
+                for (i, &lanes) in lanes.iter().enumerate() {
+                    emit(t + i, r, fold(lanes));
+                }
+            };
+            match n - t {
+                1 => tile_rows::<R, 1>(&row_at, rows.clone(), xt, cols, &mut put),
+                2 => tile_rows::<R, 2>(&row_at, rows.clone(), xt, cols, &mut put),
+                _ => tile_rows::<R, TOKEN_BLOCK>(&row_at, rows.clone(), xt, cols, &mut put),
+            }
+        }
+    }
+}
+
+/// Up to ROW_GROUP weight rows times NT consecutive x rows starting at `x`, one column tile at a time;
+/// hands each row's NT lane sets to `put`. Every (row, token) pair has its own lanes and sees the same
+/// fmas in the same order as when computed alone, so tiling changes no bits.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_rows<R: RowDecoder, const NT: usize>(
+    row_at: &impl Fn(usize) -> R,
+    rows: Range<usize>,
+    x: *const f32,
+    cols: usize,
+    put: &mut impl FnMut(usize, &[Lanes]),
+) {
+    let mut lanes = [[[_mm256_setzero_ps(); 4]; NT]; ROW_GROUP];
+    let blocks = cols / 32;
+    for first in (0..blocks).step_by(TILE_BLOCKS) {
+        let tile = first..(first + TILE_BLOCKS).min(blocks);
+        for (r, lanes) in rows.clone().zip(&mut lanes) {
+            accumulate(&row_at(r), x, cols, tile.clone(), lanes);
+        }
+    }
+    for (r, lanes) in rows.zip(&lanes) {
+        put(r, lanes);
+    }
+}
+
+/// Adds blocks `tile` of one weight row times NT x rows into their lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn accumulate<R: RowDecoder, const NT: usize>(
+    row: &R,
+    x: *const f32,
+    cols: usize,
+    tile: Range<usize>,
+    lanes: &mut [Lanes; NT],
+) {
+    let mut acc = *lanes;
+    for b in tile {
+        let block = row.block(b);
+        for j in 0..4 {
+            let w = row.eight(block, b, j);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                acc[j] =
+                    _mm256_fmadd_ps(w, _mm256_loadu_ps(x.add(t * cols + b * 32 + j * 8)), acc[j]);
+            }
+        }
+    }
+    *lanes = acc;
+}
+
+/// The crate's lane tree: h = 16 and 8 on whole vectors, then 4, 2, 1 within one.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fold(acc: Lanes) -> f32 {
+    let h8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
+    let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    let h1 = _mm_add_ss(h2, _mm_shuffle_ps::<1>(h2, h2));
+    _mm_cvtss_f32(h1)
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let body = a.len() / 32 * 32;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for i in (0..body).step_by(32) {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let k = i + j * 8;
+            *acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a[k..].as_ptr()),
+                _mm256_loadu_ps(b[k..].as_ptr()),
+                *acc,
+            );
+        }
+    }
+    fma_tail(fold(acc), &a[body..], &b[body..])
+}
+
+/// Columns `first_col..first_col + y.len()` of the transposed product. Rows are taken four at a time so
+/// y is loaded and stored once per four rows; within a column they are still added in increasing order.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn matvec_t(
+    data: &[u16],
+    cols: usize,
+    x: &[f32],
+    first_col: usize,
+    y: &mut [f32],
+) {
+    y.fill(0.0);
+    let mut r = 0;
+    while r + 4 <= x.len() {
+        rows_t::<4>(data, cols, &x[r..r + 4], r * cols + first_col, y);
+        r += 4;
+    }
+    for r in r..x.len() {
+        rows_t::<1>(data, cols, &x[r..r + 1], r * cols + first_col, y);
+    }
+}
+
+/// Adds G consecutive rows (the first starting at `data[start]`, weights `x`) into y, in row order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_t<const G: usize>(
+    data: &[u16],
+    cols: usize,
+    x: &[f32],
+    start: usize,
+    y: &mut [f32],
+) {
+    let rows: [&[u16]; G] = std::array::from_fn(|i| &data[start + i * cols..][..y.len()]);
+    let vec_end = y.len() / 8 * 8;
+    for c in (0..vec_end).step_by(8) {
+        let mut acc = _mm256_loadu_ps(y[c..].as_ptr());
+        for (row, &xr) in rows.iter().zip(x) {
+            acc = _mm256_fmadd_ps(widen_bf16(row[c..].as_ptr()), _mm256_set1_ps(xr), acc);
+        }
+        _mm256_storeu_ps(y[c..].as_mut_ptr(), acc);
+    }
+    for c in vec_end..y.len() {
+        for (row, &xr) in rows.iter().zip(x) {
+            y[c] = crate::codec::bf16_to_f32(row[c]).mul_add(xr, y[c]);
+        }
+    }
+}
+
+/// The AVX2 decoder's view of one MXFP4 block, for the codec tests.
+#[cfg(test)]
+pub(crate) fn decode_mxfp4_block(packed: &[u8; 16], scale: u8) -> [f32; 32] {
+    let mut out = [0.0; 32];
+    // SAFETY: tests call this only after checking that the CPU has AVX2 and FMA.
+    unsafe {
+        let row = Mxfp4Row {
+            packed: packed.as_ptr(),
+            scales: &scale,
+        };
+        for j in 0..4 {
+            _mm256_storeu_ps(out[j * 8..].as_mut_ptr(), row.eight(row.block(0), 0, j));
+        }
+    }
+    out
+}

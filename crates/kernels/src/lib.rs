@@ -1,0 +1,341 @@
+//! CPU kernels for deltafin: products of f32 activations with BF16 or MXFP4 weight matrices, the
+//! dequantisation fused into the product, on AVX2+FMA where the CPU has it and a scalar path elsewhere.
+//!
+//! # Fixed reduction order
+//!
+//! Reproducibility and batch invariance (design.md, "Exactness" 2 and 3) come from computing every
+//! dot product in one order, whatever the ISA path, thread count or number of rows in the batch:
+//!
+//! 1. 32 partial sums `acc[0..32]` start at +0.0. Element `i` of the multiple-of-32 prefix goes to
+//!    lane `i % 32`, in increasing `i`: `acc[i % 32] = fma(w[i], x[i], acc[i % 32])` (one rounding).
+//!    On AVX2 the lanes are four `__m256` accumulators holding lanes 0–7, 8–15, 16–23 and 24–31.
+//! 2. The lanes fold by one tree: `acc[k] += acc[k + h]` for all `k < h`, with h = 16, 8, 4, 2, 1;
+//!    the result is `acc[0]`.
+//! 3. Elements past the multiple-of-32 prefix (only [`dot`] has them: matrix widths are multiples of
+//!    32) follow in increasing order: `s = fma(a[i], b[i], s)`.
+//!
+//! An MXFP4 weight is `e2m1(nibble) * 2^(s-127)` computed in f32, which is exact (or ±inf when
+//! s >= 253), so an MXFP4 product equals, bit for bit, the product with the dequantised row.
+//!
+//! [`matvec_t_bf16`] has no lanes: each output column sums over rows in increasing order,
+//! `y[c] = fma(W[r,c], x[r], y[c])` starting from +0.0, so it vectorises across columns without
+//! reassociating anything.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+pub mod codec;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// A row-major weight matrix [rows, cols] in its stored encoding; `cols % 32 == 0` always.
+#[derive(Clone, Copy)]
+pub enum Matrix<'a> {
+    /// BF16 bits; `data.len() == rows * cols`.
+    Bf16 {
+        data: &'a [u16],
+        rows: usize,
+        cols: usize,
+    },
+    /// MXFP4: `packed` holds rows*cols/2 bytes (byte j of a row = element 2j in the low nibble, 2j+1 in
+    /// the high nibble), `scales` rows*cols/32 E8M0 bytes, one per 32 consecutive elements of a row.
+    Mxfp4 {
+        packed: &'a [u8],
+        scales: &'a [u8],
+        rows: usize,
+        cols: usize,
+    },
+}
+
+impl<'a> Matrix<'a> {
+    pub fn bf16(data: &'a [u16], rows: usize, cols: usize) -> Result<Self, String> {
+        let len = element_count("BF16", rows, cols)?;
+        if data.len() != len {
+            return Err(format!(
+                "BF16 matrix [{rows}, {cols}] needs {len} values, got {}",
+                data.len()
+            ));
+        }
+        Ok(Matrix::Bf16 { data, rows, cols })
+    }
+
+    pub fn mxfp4(
+        packed: &'a [u8],
+        scales: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, String> {
+        let len = element_count("MXFP4", rows, cols)?;
+        if packed.len() != len / 2 || scales.len() != len / 32 {
+            return Err(format!(
+                "MXFP4 matrix [{rows}, {cols}] needs {} packed bytes and {} scales, got {} and {}",
+                len / 2,
+                len / 32,
+                packed.len(),
+                scales.len()
+            ));
+        }
+        Ok(Matrix::Mxfp4 {
+            packed,
+            scales,
+            rows,
+            cols,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        match *self {
+            Matrix::Bf16 { rows, .. } | Matrix::Mxfp4 { rows, .. } => rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match *self {
+            Matrix::Bf16 { cols, .. } | Matrix::Mxfp4 { cols, .. } => cols,
+        }
+    }
+
+    /// The sub-matrix of rows [start, start+len) (for per-head slices of a projection).
+    /// Panics if the range is not inside the matrix.
+    pub fn row_slice(&self, start: usize, len: usize) -> Matrix<'a> {
+        let end = start.checked_add(len).filter(|&end| end <= self.rows());
+        let Some(end) = end else {
+            panic!(
+                "row_slice: rows {start}..{start}+{len} outside a matrix of {} rows",
+                self.rows()
+            );
+        };
+        match *self {
+            Matrix::Bf16 { data, cols, .. } => Matrix::Bf16 {
+                data: &data[start * cols..end * cols],
+                rows: len,
+                cols,
+            },
+            Matrix::Mxfp4 {
+                packed,
+                scales,
+                cols,
+                ..
+            } => Matrix::Mxfp4 {
+                packed: &packed[start * cols / 2..end * cols / 2],
+                scales: &scales[start * cols / 32..end * cols / 32],
+                rows: len,
+                cols,
+            },
+        }
+    }
+}
+
+/// Shape and encoding only: the weights themselves are far too many to print.
+impl std::fmt::Debug for Matrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Matrix::Bf16 { .. } => "Bf16",
+            Matrix::Mxfp4 { .. } => "Mxfp4",
+        };
+        write!(f, "Matrix::{kind}[{}, {}]", self.rows(), self.cols())
+    }
+}
+
+fn element_count(kind: &str, rows: usize, cols: usize) -> Result<usize, String> {
+    if !cols.is_multiple_of(32) {
+        return Err(format!(
+            "{kind} matrix [{rows}, {cols}]: cols must be a multiple of 32 (the kernels' lane count \
+             and the MXFP4 block size)"
+        ));
+    }
+    rows.checked_mul(cols)
+        .ok_or_else(|| format!("{kind} matrix [{rows}, {cols}]: rows * cols overflows usize"))
+}
+
+/// The instruction set a kernel runs on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+}
+
+static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
+
+/// The best path this CPU supports, detected once.
+fn detected_path() -> Path {
+    static DETECTED: OnceLock<Path> = OnceLock::new();
+    *DETECTED.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            return Path::Avx2Fma;
+        }
+        Path::Scalar
+    })
+}
+
+fn active_path() -> Path {
+    if FORCE_SCALAR.load(Ordering::Relaxed) {
+        Path::Scalar
+    } else {
+        detected_path()
+    }
+}
+
+/// "avx2+fma" or "scalar": what the kernels use now (the scalar path when forced).
+pub fn isa() -> &'static str {
+    match active_path() {
+        Path::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2Fma => "avx2+fma",
+    }
+}
+
+/// Force the scalar path process-wide (tests and the doctor command compare both). Results do not
+/// change, only speed: both paths follow the same reduction order bit for bit.
+pub fn set_force_scalar(on: bool) {
+    FORCE_SCALAR.store(on, Ordering::Relaxed);
+}
+
+/// Below this many multiply-adds a product runs on the calling thread: splitting costs more than it saves.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+/// Multiply-adds per parallel task of `matmul` (rounded to whole rows, at most 64 rows).
+const TASK_WORK: usize = 1 << 16;
+const MAX_ROWS_PER_TASK: usize = 64;
+/// Fewest columns per parallel task of `matvec_t_bf16`, so each task reads long runs of every row.
+const MIN_COLS_PER_TASK: usize = 256;
+
+/// y[t*rows + r] = sum_c W[r,c] * x[t*cols + c] for t in 0..n (x: n rows of `cols`, y: n rows of `rows`).
+///
+/// Dequantisation is fused (no dequantised copy of W exists). Large products run on the current rayon
+/// pool, split over blocks of output rows. The bits of each `y[t*rows + r]` depend only on W's row r and
+/// x's row t (see the crate docs for the order), not on n, the thread count or the ISA path.
+///
+/// Panics if `x.len() != n * cols` or `y.len() != n * rows`.
+pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_on(active_path(), w, x, n, y);
+}
+
+fn matmul_on(path: Path, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+    let (rows, cols) = (w.rows(), w.cols());
+    assert_eq!(
+        x.len(),
+        n * cols,
+        "matmul: x must hold n * cols = {n} * {cols} values"
+    );
+    assert_eq!(
+        y.len(),
+        n * rows,
+        "matmul: y must hold n * rows = {n} * {rows} values"
+    );
+    let out = OutPtr(y.as_mut_ptr());
+    let run = |range: Range<usize>| {
+        // SAFETY: every (t, r) with r in `range` and t < n indexes inside `y` (checked above), and the
+        // row ranges given to concurrent calls are disjoint, so no element is written twice at once.
+        let mut emit = |t: usize, r: usize, v: f32| unsafe { *out.get().add(t * rows + r) = v };
+        matmul_rows(path, w, x, n, range, &mut emit);
+    };
+    let work = rows * cols * n;
+    if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
+        run(0..rows);
+    } else {
+        let per_task = (TASK_WORK / (cols * n)).clamp(1, MAX_ROWS_PER_TASK);
+        (0..rows.div_ceil(per_task))
+            .into_par_iter()
+            .for_each(|i| run(i * per_task..((i + 1) * per_task).min(rows)));
+    }
+}
+
+/// Computes rows `range` of W times every x row, handing each result to `emit(t, r, value)`.
+fn matmul_rows(
+    path: Path,
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    match path {
+        Path::Scalar => scalar::matmul_rows(w, x, n, range, emit),
+        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
+    }
+}
+
+/// The output pointer shared by the tasks of one `matmul`, each writing its own rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements, and `matmul` holds `&mut y` until they all finish.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    /// A method, not field access, so closures capture the whole (Sync) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// y[c] = sum_r W[r,c] * x[r] for c in 0..cols (transposed product of a row-major BF16 [rows, cols]),
+/// each column summed over r in increasing order. Large products split columns over the rayon pool.
+///
+/// Panics if `data.len() != rows * cols`, `x.len() != rows` or `y.len() != cols`.
+pub fn matvec_t_bf16(data: &[u16], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    matvec_t_on(active_path(), data, rows, cols, x, y);
+}
+
+fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    assert_eq!(
+        data.len(),
+        rows * cols,
+        "matvec_t_bf16: data must hold rows * cols = {rows} * {cols} values"
+    );
+    assert_eq!(
+        x.len(),
+        rows,
+        "matvec_t_bf16: x must hold rows = {rows} values"
+    );
+    assert_eq!(
+        y.len(),
+        cols,
+        "matvec_t_bf16: y must hold cols = {cols} values"
+    );
+    if cols == 0 {
+        return;
+    }
+    let run = |first_col: usize, y: &mut [f32]| match path {
+        Path::Scalar => scalar::matvec_t(data, cols, x, first_col, y),
+        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
+    };
+    let threads = rayon::current_num_threads();
+    if rows * cols < PARALLEL_MIN_WORK || threads == 1 {
+        run(0, y);
+    } else {
+        let per_task = cols
+            .div_ceil(2 * threads)
+            .next_multiple_of(8)
+            .max(MIN_COLS_PER_TASK);
+        y.par_chunks_mut(per_task)
+            .enumerate()
+            .for_each(|(i, y)| run(i * per_task, y));
+    }
+}
+
+/// Dot product of two f32 slices of any length, in the crate's fixed order (32 lanes, tree, then the
+/// tail in order) on every path. Panics if the lengths differ.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_on(active_path(), a, b)
+}
+
+fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: slices of different lengths");
+    match path {
+        Path::Scalar => scalar::dot(a, b),
+        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2Fma => unsafe { avx2::dot(a, b) },
+    }
+}

@@ -1,0 +1,681 @@
+use super::codec::*;
+use super::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+// ---------------------------------------------------------------------------------------------
+// Codecs, against values written by hand.
+
+/// Nibble 0..16 -> expected f32 bits, per scale byte, written out literally.
+const SCALE_TABLES: [(u8, [u32; 16]); 6] = [
+    // 2^-127: every value is subnormal (0.5 * 2^-127 = 2^-128 = bits 0x0020_0000).
+    (
+        0,
+        [
+            0x0000_0000,
+            0x0020_0000,
+            0x0040_0000,
+            0x0060_0000,
+            0x0080_0000,
+            0x00C0_0000,
+            0x0100_0000,
+            0x0140_0000,
+            0x8000_0000,
+            0x8020_0000,
+            0x8040_0000,
+            0x8060_0000,
+            0x8080_0000,
+            0x80C0_0000,
+            0x8100_0000,
+            0x8140_0000,
+        ],
+    ),
+    // 2^-126: 0.5 is subnormal (2^-127), the rest normal.
+    (
+        1,
+        [
+            0x0000_0000,
+            0x0040_0000,
+            0x0080_0000,
+            0x00C0_0000,
+            0x0100_0000,
+            0x0140_0000,
+            0x0180_0000,
+            0x01C0_0000,
+            0x8000_0000,
+            0x8040_0000,
+            0x8080_0000,
+            0x80C0_0000,
+            0x8100_0000,
+            0x8140_0000,
+            0x8180_0000,
+            0x81C0_0000,
+        ],
+    ),
+    // 0.5: 0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3.
+    (
+        126,
+        [
+            0x0000_0000,
+            0x3E80_0000,
+            0x3F00_0000,
+            0x3F40_0000,
+            0x3F80_0000,
+            0x3FC0_0000,
+            0x4000_0000,
+            0x4040_0000,
+            0x8000_0000,
+            0xBE80_0000,
+            0xBF00_0000,
+            0xBF40_0000,
+            0xBF80_0000,
+            0xBFC0_0000,
+            0xC000_0000,
+            0xC040_0000,
+        ],
+    ),
+    // 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    (
+        127,
+        [
+            0x0000_0000,
+            0x3F00_0000,
+            0x3F80_0000,
+            0x3FC0_0000,
+            0x4000_0000,
+            0x4040_0000,
+            0x4080_0000,
+            0x40C0_0000,
+            0x8000_0000,
+            0xBF00_0000,
+            0xBF80_0000,
+            0xBFC0_0000,
+            0xC000_0000,
+            0xC040_0000,
+            0xC080_0000,
+            0xC0C0_0000,
+        ],
+    ),
+    // 2: 0, 1, 2, 3, 4, 6, 8, 12.
+    (
+        128,
+        [
+            0x0000_0000,
+            0x3F80_0000,
+            0x4000_0000,
+            0x4040_0000,
+            0x4080_0000,
+            0x40C0_0000,
+            0x4100_0000,
+            0x4140_0000,
+            0x8000_0000,
+            0xBF80_0000,
+            0xC000_0000,
+            0xC040_0000,
+            0xC080_0000,
+            0xC0C0_0000,
+            0xC100_0000,
+            0xC140_0000,
+        ],
+    ),
+    // 2^127: 0.5 -> 2^126, 1 -> 2^127, 1.5 -> 1.5 * 2^127; 2 and above overflow to infinity.
+    (
+        254,
+        [
+            0x0000_0000,
+            0x7E80_0000,
+            0x7F00_0000,
+            0x7F40_0000,
+            0x7F80_0000,
+            0x7F80_0000,
+            0x7F80_0000,
+            0x7F80_0000,
+            0x8000_0000,
+            0xFE80_0000,
+            0xFF00_0000,
+            0xFF40_0000,
+            0xFF80_0000,
+            0xFF80_0000,
+            0xFF80_0000,
+            0xFF80_0000,
+        ],
+    ),
+];
+
+/// All 256 byte values as 16 blocks, decoded by every available decoder.
+fn decode_all_bytes(scale: u8) -> Vec<(&'static str, Vec<f32>)> {
+    let bytes: Vec<u8> = (0..=255).collect();
+    let mut scalar = vec![0.0; 512];
+    decode_mxfp4_row(&bytes, &[scale; 16], &mut scalar);
+    let mut decoded = vec![("scalar", scalar)];
+    #[cfg(target_arch = "x86_64")]
+    if detected_path() == Path::Avx2Fma {
+        let avx2 = bytes
+            .chunks_exact(16)
+            .flat_map(|b| avx2::decode_mxfp4_block(b.try_into().unwrap(), scale));
+        decoded.push(("avx2", avx2.collect()));
+    }
+    decoded
+}
+
+#[test]
+fn mxfp4_every_byte_decodes_low_nibble_first_under_hand_written_scales() {
+    for (scale, table) in SCALE_TABLES {
+        for (path, out) in decode_all_bytes(scale) {
+            for byte in 0..256 {
+                let (lo, hi) = (out[2 * byte].to_bits(), out[2 * byte + 1].to_bits());
+                let want = (table[byte & 15], table[byte >> 4]);
+                assert_eq!(
+                    (lo, hi),
+                    want,
+                    "{path}: byte {byte:#04x} under scale {scale}"
+                );
+            }
+        }
+    }
+    for (path, out) in decode_all_bytes(255) {
+        assert!(
+            out.iter().all(|v| v.is_nan()),
+            "{path}: scale 255 must decode to NaN"
+        );
+    }
+}
+
+#[test]
+fn mxfp4_spot_bytes() {
+    // (byte, low-nibble value, high-nibble value) at scale 1.
+    let cases = [
+        (0x00, 0.0, 0.0),
+        (0x1F, -6.0, 0.5),
+        (0x7A, -1.0, 6.0),
+        (0x80, 0.0, -0.0),
+        (0x36, 4.0, 1.5),
+    ];
+    for (path, out) in decode_all_bytes(127) {
+        for (byte, lo, hi) in cases {
+            let got = (out[2 * byte].to_bits(), out[2 * byte + 1].to_bits());
+            assert_eq!(
+                got,
+                (f32::to_bits(lo), f32::to_bits(hi)),
+                "{path}: byte {byte:#04x}"
+            );
+        }
+    }
+    assert_eq!(e2m1_to_f32(8).to_bits(), 0x8000_0000);
+    assert_eq!(e2m1_to_f32(15), -6.0);
+}
+
+#[test]
+fn e8m0_scales() {
+    assert_eq!(e8m0_to_f32(0).to_bits(), 0x0040_0000);
+    assert_eq!(e8m0_to_f32(1).to_bits(), 0x0080_0000);
+    assert_eq!(e8m0_to_f32(127), 1.0);
+    assert_eq!(e8m0_to_f32(130), 8.0);
+    assert_eq!(e8m0_to_f32(254).to_bits(), 0x7F00_0000);
+    assert!(e8m0_to_f32(255).is_nan());
+}
+
+#[test]
+fn bf16_widening() {
+    let cases = [
+        (0x3F80, 0x3F80_0000), // 1
+        (0xC000, 0xC000_0000), // -2
+        (0x4049, 0x4049_0000), // 3.140625
+        (0x8000, 0x8000_0000), // -0
+        (0x0001, 0x0001_0000), // smallest subnormal, 2^-133
+        (0x7F80, 0x7F80_0000), // inf
+        (0xFF80, 0xFF80_0000), // -inf
+    ];
+    for (bf16, f32_bits) in cases {
+        assert_eq!(bf16_to_f32(bf16).to_bits(), f32_bits, "bf16 {bf16:#06x}");
+    }
+    assert_eq!(bf16_to_f32(0x4049), 3.140625);
+    assert!(bf16_to_f32(0x7FC1).is_nan());
+}
+
+#[test]
+fn bf16_rounding_is_nearest_even() {
+    let cases = [
+        (0x3F80_0000, 0x3F80), // exact
+        (0x3F80_8000, 0x3F80), // tie, even is below
+        (0x3F81_8000, 0x3F82), // tie, even is above
+        (0x3F80_8001, 0x3F81), // just above the tie
+        (0x3F80_7FFF, 0x3F80), // just below the tie
+        (0xBF80_8000, 0xBF80), // negative tie
+        (0xBF81_8000, 0xBF82),
+        (0x7F7F_FFFF, 0x7F80), // f32::MAX rounds to inf
+        (0xFF80_0000, 0xFF80), // -inf
+        (0x0000_8000, 0x0000), // subnormal tie to zero
+        (0x0001_8000, 0x0002), // subnormal tie to even
+    ];
+    for (f32_bits, bf16) in cases {
+        assert_eq!(
+            f32_to_bf16(f32::from_bits(f32_bits)),
+            bf16,
+            "f32 {f32_bits:#010x}"
+        );
+    }
+    // A NaN whose payload lies only in the dropped half must not become infinity.
+    for nan in [0x7F80_0001, 0xFF80_0001, 0x7FC0_0000] {
+        let bf16 = f32_to_bf16(f32::from_bits(nan));
+        assert!(bf16_to_f32(bf16).is_nan(), "{nan:#010x} -> {bf16:#06x}");
+        assert_eq!(
+            bf16 & 0x8000,
+            (nan >> 16) as u16 & 0x8000,
+            "sign of {nan:#010x}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrices and products.
+
+#[test]
+fn constructors_check_shapes() {
+    assert!(Matrix::bf16(&[0; 64], 2, 32).is_ok());
+    assert!(Matrix::bf16(&[0; 48], 3, 16)
+        .unwrap_err()
+        .contains("multiple of 32"));
+    assert!(Matrix::bf16(&[0; 63], 2, 32)
+        .unwrap_err()
+        .contains("needs 64 values, got 63"));
+    assert!(Matrix::mxfp4(&[0; 32], &[0; 2], 2, 32).is_ok());
+    assert!(Matrix::mxfp4(&[0; 8], &[0; 1], 1, 16)
+        .unwrap_err()
+        .contains("multiple of 32"));
+    assert!(Matrix::mxfp4(&[0; 32], &[0; 3], 2, 32)
+        .unwrap_err()
+        .contains("2 scales"));
+    assert!(Matrix::mxfp4(&[0; 31], &[0; 2], 2, 32)
+        .unwrap_err()
+        .contains("32 packed bytes"));
+    assert!(Matrix::bf16(&[], usize::MAX, 64)
+        .unwrap_err()
+        .contains("overflows"));
+}
+
+/// Owned test matrix data in either encoding.
+enum Weights {
+    Bf16(Vec<u16>),
+    Mxfp4(Vec<u8>, Vec<u8>),
+}
+
+struct TestMatrix {
+    weights: Weights,
+    rows: usize,
+    cols: usize,
+}
+
+impl TestMatrix {
+    fn bf16(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Self {
+        let data = (0..rows * cols)
+            .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
+            .collect();
+        TestMatrix {
+            weights: Weights::Bf16(data),
+            rows,
+            cols,
+        }
+    }
+
+    /// Random nibbles; scales drawn from `scales`.
+    fn mxfp4(rng: &mut ChaCha8Rng, rows: usize, cols: usize, scales: &[u8]) -> Self {
+        let packed = (0..rows * cols / 2).map(|_| rng.gen()).collect();
+        let scales = (0..rows * cols / 32)
+            .map(|_| scales[rng.gen_range(0..scales.len())])
+            .collect();
+        TestMatrix {
+            weights: Weights::Mxfp4(packed, scales),
+            rows,
+            cols,
+        }
+    }
+
+    fn both(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> [Self; 2] {
+        [
+            Self::bf16(rng, rows, cols),
+            Self::mxfp4(rng, rows, cols, &[122, 125, 127, 128, 131]),
+        ]
+    }
+
+    fn matrix(&self) -> Matrix<'_> {
+        match &self.weights {
+            Weights::Bf16(data) => Matrix::bf16(data, self.rows, self.cols).unwrap(),
+            Weights::Mxfp4(packed, scales) => {
+                Matrix::mxfp4(packed, scales, self.rows, self.cols).unwrap()
+            }
+        }
+    }
+
+    fn name(&self) -> String {
+        let kind = if matches!(self.weights, Weights::Bf16(_)) {
+            "bf16"
+        } else {
+            "mxfp4"
+        };
+        format!("{kind} [{}, {}]", self.rows, self.cols)
+    }
+
+    fn dequantised_row(&self, r: usize) -> Vec<f32> {
+        let c = self.cols;
+        match &self.weights {
+            Weights::Bf16(data) => data[r * c..(r + 1) * c]
+                .iter()
+                .map(|&b| bf16_to_f32(b))
+                .collect(),
+            Weights::Mxfp4(packed, scales) => {
+                let mut out = vec![0.0; c];
+                decode_mxfp4_row(
+                    &packed[r * c / 2..(r + 1) * c / 2],
+                    &scales[r * c / 32..(r + 1) * c / 32],
+                    &mut out,
+                );
+                out
+            }
+        }
+    }
+}
+
+fn random_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-1.0..1.0)).collect()
+}
+
+fn run_matmul(path: Path, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n * w.rows()];
+    matmul_on(path, w, x, n, &mut y);
+    y
+}
+
+/// Equal bits, or both NaN (NaN payloads are not part of the contract).
+fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+            "{what}: element {i}: {x:e} vs {y:e}"
+        );
+    }
+}
+
+fn paths() -> Vec<Path> {
+    let mut paths = vec![Path::Scalar];
+    if detected_path() != Path::Scalar {
+        paths.push(detected_path());
+    } else {
+        eprintln!(
+            "note: this CPU has no SIMD path; SIMD-versus-scalar checks compare scalar with itself"
+        );
+    }
+    paths
+}
+
+const SHAPES: [(usize, usize); 6] = [(1, 32), (3, 64), (17, 96), (40, 256), (33, 512), (5, 4096)];
+
+#[test]
+fn matmul_matches_f64_reference() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for (rows, cols) in SHAPES {
+        for m in TestMatrix::both(&mut rng, rows, cols) {
+            let dequantised: Vec<Vec<f32>> = (0..rows).map(|r| m.dequantised_row(r)).collect();
+            for n in 1..=7 {
+                let x = random_vec(&mut rng, n * cols);
+                for path in paths() {
+                    let y = run_matmul(path, &m.matrix(), &x, n);
+                    for t in 0..n {
+                        for (r, w) in dequantised.iter().enumerate() {
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            let exact: f64 = w
+                                .iter()
+                                .zip(xt)
+                                .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                                .sum();
+                            let magnitude: f64 = w
+                                .iter()
+                                .zip(xt)
+                                .map(|(&w, &x)| f64::from(w * x).abs())
+                                .sum();
+                            // Error bound of 32 fma chains of cols/32 terms plus a 5-level tree.
+                            let tolerance =
+                                (cols / 32 + 5) as f64 * f64::from(f32::EPSILON) * magnitude;
+                            let got = f64::from(y[t * rows + r]);
+                            assert!(
+                                (got - exact).abs() <= tolerance,
+                                "{} {path:?} n={n} t={t} r={r}: {got} vs {exact} (tolerance {tolerance:e})",
+                                m.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_simd_and_scalar_are_bit_identical() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    for (rows, cols) in SHAPES {
+        let mut matrices = Vec::from(TestMatrix::both(&mut rng, rows, cols));
+        // Subnormal, huge and infinite weights: their products must match too.
+        matrices.push(TestMatrix::mxfp4(
+            &mut rng,
+            rows,
+            cols,
+            &[0, 1, 100, 127, 200, 254],
+        ));
+        for m in matrices {
+            for n in 1..=9 {
+                let mut x = random_vec(&mut rng, n * cols);
+                for v in x.iter_mut().step_by(7) {
+                    *v = [0.0, -0.0, 1e-40, -3e38, 1e-30][rng.gen_range(0..5)];
+                }
+                let scalar = run_matmul(Path::Scalar, &m.matrix(), &x, n);
+                let simd = run_matmul(detected_path(), &m.matrix(), &x, n);
+                assert_same_bits(&scalar, &simd, &format!("{} n={n}", m.name()));
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_rows_do_not_depend_on_batch_size() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for (rows, cols) in [(7, 64), (40, 256), (300, 1024)] {
+        for m in TestMatrix::both(&mut rng, rows, cols) {
+            for path in paths() {
+                for n in [2, 3, 4, 5, 8, 9, 16, 33] {
+                    let x = random_vec(&mut rng, n * cols);
+                    let batched = run_matmul(path, &m.matrix(), &x, n);
+                    for t in 0..n {
+                        let single = run_matmul(path, &m.matrix(), &x[t * cols..(t + 1) * cols], 1);
+                        let what = format!("{} {path:?} n={n} t={t}", m.name());
+                        assert_same_bits(&batched[t * rows..(t + 1) * rows], &single, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn matmul_does_not_depend_on_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (one, two) = (pool(1), pool(2));
+    let (rows, cols) = (300, 1024);
+    for m in TestMatrix::both(&mut rng, rows, cols) {
+        for n in [1, 3, 6] {
+            assert!(
+                rows * cols * n >= PARALLEL_MIN_WORK,
+                "the product must be large enough to split"
+            );
+            let x = random_vec(&mut rng, n * cols);
+            let serial = one.install(|| run_matmul(detected_path(), &m.matrix(), &x, n));
+            let parallel = two.install(|| run_matmul(detected_path(), &m.matrix(), &x, n));
+            assert_same_bits(&serial, &parallel, &format!("{} n={n}", m.name()));
+        }
+    }
+}
+
+#[test]
+fn matmul_equals_dot_with_the_dequantised_row() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for m in TestMatrix::both(&mut rng, 9, 320) {
+        let x = random_vec(&mut rng, 320);
+        for path in paths() {
+            let y = run_matmul(path, &m.matrix(), &x, 1);
+            let via_dot: Vec<f32> = (0..9)
+                .map(|r| dot_on(path, &m.dequantised_row(r), &x))
+                .collect();
+            assert_same_bits(&y, &via_dot, &format!("{} {path:?}", m.name()));
+        }
+    }
+}
+
+#[test]
+fn row_slice_selects_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for m in TestMatrix::both(&mut rng, 12, 64) {
+        let x = random_vec(&mut rng, 2 * 64);
+        let full = run_matmul(detected_path(), &m.matrix(), &x, 2);
+        let slice = m.matrix().row_slice(5, 4);
+        assert_eq!((slice.rows(), slice.cols()), (4, 64));
+        let part = run_matmul(detected_path(), &slice, &x, 2);
+        for t in 0..2 {
+            assert_same_bits(
+                &part[t * 4..(t + 1) * 4],
+                &full[t * 12 + 5..t * 12 + 9],
+                &m.name(),
+            );
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "outside a matrix of 12 rows")]
+fn row_slice_rejects_out_of_range() {
+    Matrix::bf16(&[0; 12 * 32], 12, 32)
+        .unwrap()
+        .row_slice(10, 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// matvec_t_bf16 and dot.
+
+fn run_matvec_t(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    let mut y = vec![f32::NAN; cols];
+    matvec_t_on(path, data, rows, cols, x, &mut y);
+    y
+}
+
+#[test]
+fn matvec_t_matches_reference_on_every_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for (rows, cols) in [(1, 1), (3, 7), (5, 37), (64, 300), (129, 1000)] {
+        let data: Vec<u16> = (0..rows * cols)
+            .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let x = random_vec(&mut rng, rows);
+        let scalar = run_matvec_t(Path::Scalar, &data, rows, cols, &x);
+        let simd = run_matvec_t(detected_path(), &data, rows, cols, &x);
+        assert_same_bits(&scalar, &simd, &format!("[{rows}, {cols}]"));
+        for (c, &got) in scalar.iter().enumerate() {
+            let terms =
+                (0..rows).map(|r| f64::from(bf16_to_f32(data[r * cols + c])) * f64::from(x[r]));
+            let exact: f64 = terms.clone().sum();
+            let magnitude: f64 = terms.map(f64::abs).sum();
+            let tolerance = rows as f64 * f64::from(f32::EPSILON) * magnitude;
+            assert!(
+                (f64::from(got) - exact).abs() <= tolerance,
+                "[{rows}, {cols}] column {c}: {got} vs {exact}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matvec_t_does_not_depend_on_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (rows, cols) = (515, 1003);
+    assert!(
+        rows * cols >= PARALLEL_MIN_WORK,
+        "the product must be large enough to split"
+    );
+    let data: Vec<u16> = (0..rows * cols)
+        .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let x = random_vec(&mut rng, rows);
+    for path in paths() {
+        let serial = pool(1).install(|| run_matvec_t(path, &data, rows, cols, &x));
+        let parallel = pool(2).install(|| run_matvec_t(path, &data, rows, cols, &x));
+        assert_same_bits(&serial, &parallel, &format!("{path:?}"));
+    }
+}
+
+/// The crate docs' order, written out independently of the kernels.
+fn documented_order_dot(a: &[f32], b: &[f32]) -> f32 {
+    let body = a.len() - a.len() % 32;
+    let mut acc = [0.0f32; 32];
+    for i in 0..body {
+        acc[i % 32] = a[i].mul_add(b[i], acc[i % 32]);
+    }
+    let mut half = 16;
+    while half >= 1 {
+        for k in 0..half {
+            acc[k] += acc[k + half];
+        }
+        half /= 2;
+    }
+    (body..a.len()).fold(acc[0], |s, i| a[i].mul_add(b[i], s))
+}
+
+#[test]
+fn dot_follows_the_documented_order_on_every_path() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for len in [0, 1, 5, 31, 32, 33, 64, 100, 1000, 4133] {
+        let (a, b) = (random_vec(&mut rng, len), random_vec(&mut rng, len));
+        let want = documented_order_dot(&a, &b);
+        for path in paths() {
+            let got = dot_on(path, &a, &b);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{path:?} len {len}: {got:e} vs {want:e}"
+            );
+        }
+        let exact: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let magnitude: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&a, &b)| f64::from(a * b).abs())
+            .sum();
+        let tolerance = (len / 32 + 5 + len % 32) as f64 * f64::from(f32::EPSILON) * magnitude;
+        assert!(
+            (f64::from(want) - exact).abs() <= tolerance,
+            "len {len}: {want} vs {exact}"
+        );
+    }
+}
+
+#[test]
+fn force_scalar_switches_the_path() {
+    set_force_scalar(true);
+    assert_eq!(isa(), "scalar");
+    set_force_scalar(false);
+    let expected = if detected_path() == Path::Scalar {
+        "scalar"
+    } else {
+        "avx2+fma"
+    };
+    assert_eq!(isa(), expected);
+}

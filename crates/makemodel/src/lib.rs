@@ -1,0 +1,415 @@
+//! `deltafin make-model`: seeded random checkpoints in the exact on-disk layout of Kimi K3 and
+//! Kimi Linear (docs/checkpoint-layout.md) at the sizes of docs/presets.md, so every loader, kernel and
+//! store path can be tested end to end without the real 1.5 TB of weights.
+//!
+//! Weights are scaled so activations stay O(1) through all layers and routing differs between tokens;
+//! they carry no knowledge. The same (arch, preset, seed) always gives byte-identical files.
+
+mod fill;
+mod layout;
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::{bail, ensure, Context, Result};
+use deltafin_formats::writer::{ShardLimit, ShardedWriter, Tensor};
+use deltafin_tokenizer::K3_NUM_SPECIALS;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+
+use layout::{Layout, FIRST_K_DENSE, SHORT_CONV_KERNEL};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    KimiK3,
+    KimiLinear,
+}
+
+impl FromStr for Arch {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Arch> {
+        match s {
+            "kimi_k3" => Ok(Arch::KimiK3),
+            "kimi_linear" => Ok(Arch::KimiLinear),
+            _ => bail!("unknown architecture {s:?}: expected one of kimi_k3, kimi_linear"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    Tiny,
+    Small,
+}
+
+impl FromStr for Preset {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Preset> {
+        match s {
+            "tiny" => Ok(Preset::Tiny),
+            "small" => Ok(Preset::Small),
+            _ => bail!("unknown preset {s:?}: expected one of tiny, small"),
+        }
+    }
+}
+
+/// What `make_model` wrote (weights only; config and tokenizer files are not counted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub tensors: usize,
+    /// Tensor payload bytes, the index's `total_size`.
+    pub bytes: u64,
+    pub shards: usize,
+    /// Payload bytes of the routed experts.
+    pub expert_bytes: u64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{} tensors, {} bytes in {} shards ({} bytes of routed experts)",
+            self.tensors, self.bytes, self.shards, self.expert_bytes
+        )
+    }
+}
+
+/// K3's specials follow the BPE ranks (id = n_ranks + k). Offsets of [BOS], <|end_of_msg|> (the stop token: K3's eos 163586 = 163584 + 2) and [PAD].
+const BOS_OFFSET: usize = 0;
+const EOS_OFFSET: usize = 2;
+const PAD_OFFSET: usize = 255;
+/// NoPE attention has no trained length; the released K3 value.
+const MAX_POSITION_EMBEDDINGS: usize = 1_048_576;
+const RMS_NORM_EPS: f64 = 1e-5;
+/// Kimi Linear multiplies routed weights by this after renormalising (K3 uses 1.0).
+const KIMI_LINEAR_ROUTED_SCALING: f64 = 2.446;
+
+/// Sizes shared by both architectures (docs/presets.md).
+pub(crate) struct Dims {
+    hidden: usize,
+    layers: usize,
+    /// 1-based, as in config.json.
+    full_attn_layers: &'static [usize],
+    linear_heads: usize,
+    linear_head_dim: usize,
+    mla_heads: usize,
+    kv_lora_rank: usize,
+    qk_nope: usize,
+    qk_rope: usize,
+    v_head: usize,
+    intermediate: usize,
+    experts: usize,
+    experts_per_token: usize,
+    moe_intermediate: usize,
+    shared_experts: usize,
+    n_ranks: usize,
+}
+
+/// Sizes only Kimi K3 has.
+pub(crate) struct K3Dims {
+    q_lora_rank: usize,
+    /// routed_expert_hidden_size.
+    latent: usize,
+    attn_res_block_size: usize,
+}
+
+impl Dims {
+    fn vocab(&self) -> usize {
+        self.n_ranks + K3_NUM_SPECIALS as usize
+    }
+
+    /// `layer` is 0-based.
+    fn is_full_attention(&self, layer: usize) -> bool {
+        self.full_attn_layers.contains(&(layer + 1))
+    }
+
+    fn linear_attn_config(&self) -> Value {
+        let kda: Vec<usize> = (1..=self.layers)
+            .filter(|l| !self.full_attn_layers.contains(l))
+            .collect();
+        json!({
+            "head_dim": self.linear_head_dim,
+            "num_heads": self.linear_heads,
+            "short_conv_kernel_size": SHORT_CONV_KERNEL,
+            "kda_layers": kda,
+            "full_attn_layers": self.full_attn_layers,
+        })
+    }
+
+    fn special_ids(&self) -> [(&'static str, usize); 3] {
+        [
+            ("bos_token_id", self.n_ranks + BOS_OFFSET),
+            ("eos_token_id", self.n_ranks + EOS_OFFSET),
+            ("pad_token_id", self.n_ranks + PAD_OFFSET),
+        ]
+    }
+}
+
+fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
+    match preset {
+        Preset::Tiny => (
+            Dims {
+                hidden: 64,
+                layers: 7,
+                full_attn_layers: &[4, 7],
+                linear_heads: 2,
+                linear_head_dim: 32,
+                mla_heads: 2,
+                kv_lora_rank: 32,
+                qk_nope: 16,
+                qk_rope: 16,
+                v_head: 16,
+                intermediate: 128,
+                experts: 16,
+                experts_per_token: 4,
+                moe_intermediate: 32,
+                shared_experts: 2,
+                n_ranks: 512,
+            },
+            K3Dims {
+                q_lora_rank: 32,
+                latent: 32,
+                attn_res_block_size: 2,
+            },
+        ),
+        Preset::Small => (
+            Dims {
+                hidden: 512,
+                layers: 16,
+                full_attn_layers: &[4, 8, 12, 16],
+                linear_heads: 4,
+                linear_head_dim: 64,
+                mla_heads: 4,
+                kv_lora_rank: 128,
+                qk_nope: 64,
+                qk_rope: 32,
+                v_head: 64,
+                intermediate: 1024,
+                experts: 128,
+                experts_per_token: 8,
+                moe_intermediate: 256,
+                shared_experts: 2,
+                n_ranks: 4096,
+            },
+            K3Dims {
+                q_lora_rank: 128,
+                latent: 256,
+                attn_res_block_size: 4,
+            },
+        ),
+    }
+}
+
+fn kimi_linear_dims(preset: Preset) -> Dims {
+    match preset {
+        Preset::Tiny => Dims {
+            hidden: 64,
+            layers: 5,
+            full_attn_layers: &[4, 5],
+            linear_heads: 2,
+            linear_head_dim: 32,
+            mla_heads: 2,
+            kv_lora_rank: 32,
+            qk_nope: 16,
+            qk_rope: 16,
+            v_head: 16,
+            intermediate: 128,
+            experts: 16,
+            experts_per_token: 4,
+            moe_intermediate: 32,
+            shared_experts: 1,
+            n_ranks: 512,
+        },
+        Preset::Small => Dims {
+            hidden: 512,
+            layers: 12,
+            full_attn_layers: &[4, 8, 12],
+            linear_heads: 4,
+            linear_head_dim: 64,
+            mla_heads: 4,
+            kv_lora_rank: 128,
+            qk_nope: 64,
+            qk_rope: 32,
+            v_head: 64,
+            intermediate: 1024,
+            experts: 64,
+            experts_per_token: 8,
+            moe_intermediate: 256,
+            shared_experts: 1,
+            n_ranks: 4096,
+        },
+    }
+}
+
+fn k3_config(d: &Dims, k: &K3Dims) -> Value {
+    let mut text = json!({
+        "model_type": "kimi_linear",
+        "hidden_size": d.hidden,
+        "num_hidden_layers": d.layers,
+        "intermediate_size": d.intermediate,
+        "moe_intermediate_size": d.moe_intermediate,
+        "routed_expert_hidden_size": k.latent,
+        "num_experts": d.experts,
+        "num_experts_per_token": d.experts_per_token,
+        "num_shared_experts": d.shared_experts,
+        "num_attention_heads": d.mla_heads,
+        "num_key_value_heads": d.mla_heads,
+        "q_lora_rank": k.q_lora_rank,
+        "kv_lora_rank": d.kv_lora_rank,
+        "qk_nope_head_dim": d.qk_nope,
+        "qk_rope_head_dim": d.qk_rope,
+        "v_head_dim": d.v_head,
+        "vocab_size": d.vocab(),
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "attn_res_block_size": k.attn_res_block_size,
+        "first_k_dense_replace": FIRST_K_DENSE,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "hidden_act": "situ",
+        "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0,
+        "moe_router_activation_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "moe_renormalize": true,
+        "latent_moe_use_norm": true,
+        "mla_use_nope": true,
+        "mla_use_output_gate": true,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "num_nextn_predict_layers": 0,
+        "linear_attn_config": d.linear_attn_config(),
+    });
+    text["linear_attn_config"]["use_full_rank_gate"] = json!(true);
+    text["linear_attn_config"]["gate_lower_bound"] = json!(-5.0);
+    let mut root = json!({
+        "model_type": "kimi_k3",
+        "dtype": "bfloat16",
+        "tie_word_embeddings": false,
+        "text_config": text,
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "mxfp4-pack-quantized",
+            "config_groups": {"group_0": {
+                "weights": {"num_bits": 4, "type": "float", "group_size": 32, "symmetric": true, "scale_dtype": "uint8"},
+                "targets": ["Linear"],
+            }},
+            // Everything but the routed experts stays BF16.
+            "ignore": [
+                "re:.*lm_head$",
+                "re:.*self_attn\\..*",
+                "re:.*mlp\\..*",
+                "re:.*shared_experts\\..*",
+                "re:.*block_sparse_moe\\.gate$",
+                "re:.*routed_expert_(down|up)_proj$",
+            ],
+        },
+    });
+    for (key, id) in d.special_ids() {
+        root[key] = json!(id);
+    }
+    root
+}
+
+fn kimi_linear_config(d: &Dims) -> Value {
+    let mut root = json!({
+        "model_type": "kimi_linear",
+        "dtype": "bfloat16",
+        "vocab_size": d.vocab(),
+        "hidden_size": d.hidden,
+        "intermediate_size": d.intermediate,
+        "moe_intermediate_size": d.moe_intermediate,
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": d.mla_heads,
+        "num_key_value_heads": d.mla_heads,
+        "num_experts": d.experts,
+        "num_experts_per_token": d.experts_per_token,
+        "num_shared_experts": d.shared_experts,
+        "routed_scaling_factor": KIMI_LINEAR_ROUTED_SCALING,
+        "kv_lora_rank": d.kv_lora_rank,
+        "q_lora_rank": null,
+        "qk_nope_head_dim": d.qk_nope,
+        "qk_rope_head_dim": d.qk_rope,
+        "v_head_dim": d.v_head,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "moe_renormalize": true,
+        "moe_router_activation_func": "sigmoid",
+        "hidden_act": "silu",
+        "rms_norm_eps": RMS_NORM_EPS,
+        "first_k_dense_replace": FIRST_K_DENSE,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "tie_word_embeddings": false,
+        "linear_attn_config": d.linear_attn_config(),
+    });
+    for (key, id) in d.special_ids() {
+        root[key] = json!(id);
+    }
+    root
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes a complete checkpoint directory at `out`: config.json, generation_config.json, the tokenizer
+/// files, then the weights; the shard index comes last, so its presence marks a finished checkpoint.
+pub fn make_model(arch: Arch, preset: Preset, seed: u64, out: &Path) -> Result<Summary> {
+    let (dims, config, layout) = match arch {
+        Arch::KimiK3 => {
+            let (d, k) = k3_dims(preset);
+            let (config, layout) = (k3_config(&d, &k), Layout::kimi_k3(&d, &k));
+            (d, config, layout)
+        }
+        Arch::KimiLinear => {
+            let d = kimi_linear_dims(preset);
+            let (config, layout) = (kimi_linear_config(&d), Layout::kimi_linear(&d));
+            (d, config, layout)
+        }
+    };
+    let ranks = deltafin_tokenizer::train_bpe(deltafin_tokenizer::builtin_corpus(), dims.n_ranks);
+    ensure!(
+        ranks.len() == dims.n_ranks,
+        "BPE training on the built-in corpus gave {} ranks, but this preset needs {}",
+        ranks.len(),
+        dims.n_ranks
+    );
+
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    write_json(&out.join("config.json"), &config)?;
+    let mut generation = json!({"do_sample": false});
+    for (key, id) in dims.special_ids() {
+        generation[key] = json!(id);
+    }
+    write_json(&out.join("generation_config.json"), &generation)?;
+    deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")?;
+
+    // One stream, drawn in file order on one thread: the bytes depend on the seed alone.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut writer = ShardedWriter::new(out);
+    let mut expert_bytes = 0u64;
+    for group in layout.groups {
+        let mut tensors = Vec::with_capacity(group.len());
+        for s in group {
+            let data = fill::fill(&mut rng, s.init, s.dtype, s.shape.iter().product());
+            if s.name.contains(".experts.") {
+                expert_bytes += data.len() as u64;
+            }
+            tensors.push(Tensor::new(s.name, s.dtype, &s.shape, data)?);
+        }
+        writer.add_group(tensors);
+    }
+    let limit = match preset {
+        Preset::Tiny => ShardLimit::Count(3),
+        Preset::Small => ShardLimit::MaxBytes(64 << 20),
+    };
+    let written = writer.finish(limit)?;
+    Ok(Summary {
+        tensors: written.tensors,
+        bytes: written.payload_bytes,
+        shards: written.shards,
+        expert_bytes,
+    })
+}

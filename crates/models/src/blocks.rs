@@ -1,0 +1,71 @@
+//! The per-layer building blocks both families share: which attention, which feed-forward, and their state.
+
+use crate::experts::{ExpertSet, Stats};
+use crate::kda::{Kda, KdaState};
+use crate::mla::{LatentCache, Mla};
+use crate::moe::{Mlp, Moe};
+use crate::ops::Act;
+use crate::weights::Loader;
+use anyhow::Result;
+use deltafin_formats::checkpoint::Checkpoint;
+use deltafin_formats::config::{Family, ModelConfig};
+use std::sync::Arc;
+
+pub enum Attention {
+    Kda(Kda),
+    Mla(Mla),
+}
+
+/// What one layer carries from token to token.
+#[derive(Clone)]
+pub enum LayerState {
+    Kda(KdaState),
+    Mla(LatentCache),
+}
+
+impl Attention {
+    pub fn load(ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<Attention> {
+        Ok(if cfg.is_mla[layer] { Attention::Mla(Mla::load(ld, cfg)?) } else { Attention::Kda(Kda::load(ld, cfg)?) })
+    }
+
+    pub fn new_state(&self) -> LayerState {
+        match self {
+            Attention::Kda(k) => LayerState::Kda(k.new_state()),
+            Attention::Mla(_) => LayerState::Mla(LatentCache::default()),
+        }
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize, state: &mut LayerState) -> Vec<f32> {
+        match (self, state) {
+            (Attention::Kda(k), LayerState::Kda(s)) => k.forward(x, n, s),
+            (Attention::Mla(m), LayerState::Mla(c)) => m.forward(x, n, c),
+            _ => unreachable!("a session's layer states are made by the same model's layers"),
+        }
+    }
+}
+
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+impl FeedForward {
+    pub fn load(ck: &Arc<Checkpoint>, ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<FeedForward> {
+        let act = match cfg.family {
+            Family::KimiK3 => Act::Situ,
+            Family::KimiLinear => Act::SiluGlu,
+        };
+        if cfg.is_dense(layer) {
+            return Ok(FeedForward::Dense(Mlp::load(&ld.sub("mlp."), cfg.hidden, cfg.dense_intermediate, act)?));
+        }
+        let experts = ExpertSet::load(ck, &ld.name("block_sparse_moe."), layer, cfg)?;
+        Ok(FeedForward::Moe(Moe::load(ld, cfg, experts)?))
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {
+        match self {
+            FeedForward::Dense(m) => Ok(m.forward(x, n)),
+            FeedForward::Moe(m) => m.forward(x, n, stats),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Multi-head latent attention without positional rotation (contract §4 "Gated MLA, NoPE"), in the absorbed
+//! form: the cache keeps only the normed latent (kv_lora_rank values) and the shared `k_pe` per token, and each
+//! head scores against the latent through `W_UKᵀ q_nope`, expanding values with `W_UV` after the weighted sum.
+//! With no rotation this equals the expanded form in real arithmetic.
+
+use crate::ops::{axpy, rms_norm, sigmoid, softmax};
+use crate::weights::{Linear, Loader};
+use anyhow::Result;
+use deltafin_formats::config::ModelConfig;
+use deltafin_kernels::{dot, matmul, matvec_t_bf16};
+use rayon::prelude::*;
+
+/// Where the queries come from.
+pub enum QueryPath {
+    /// K3: `q_b(RMS(q_a x))`.
+    LowRank { a: Linear, norm: Vec<f32>, b: Linear },
+    /// Kimi Linear: `q_proj x`.
+    Direct(Linear),
+}
+
+pub struct Mla {
+    q: QueryPath,
+    kv_a: Linear,
+    kv_norm: Vec<f32>,
+    /// `[heads × (nope + v), kv_lora]`: per head, nope rows of W_UK then v rows of W_UV.
+    kv_b: Linear,
+    /// K3's output gate `sigmoid(g_proj x)`; Kimi Linear has none.
+    gate: Option<Linear>,
+    o: Linear,
+    heads: usize,
+    nope: usize,
+    rope: usize,
+    v: usize,
+    kv_lora: usize,
+    latent_eps: f32,
+}
+
+/// The compact per-layer cache: `kv_lora + rope` f32 values per token.
+#[derive(Clone, Default)]
+pub struct LatentCache {
+    lat: Vec<f32>,
+    pe: Vec<f32>,
+}
+
+impl LatentCache {
+    pub fn bytes(&self) -> usize {
+        4 * (self.lat.len() + self.pe.len())
+    }
+}
+
+impl Mla {
+    pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Mla> {
+        let m = &cfg.mla;
+        let (h, heads, nope, rope, v, kv_lora) =
+            (cfg.hidden, m.heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+        let q = match m.q_lora_rank {
+            Some(r) => QueryPath::LowRank {
+                a: ld.linear("self_attn.q_a_proj.weight", r, h)?,
+                norm: ld.vector("self_attn.q_a_layernorm.weight", &[r])?,
+                b: ld.linear("self_attn.q_b_proj.weight", heads * (nope + rope), r)?,
+            },
+            None => QueryPath::Direct(ld.linear("self_attn.q_proj.weight", heads * (nope + rope), h)?),
+        };
+        let gate = match cfg.family {
+            deltafin_formats::config::Family::KimiK3 => Some(ld.linear("self_attn.g_proj.weight", heads * v, h)?),
+            deltafin_formats::config::Family::KimiLinear => None,
+        };
+        Ok(Mla {
+            q,
+            kv_a: ld.linear("self_attn.kv_a_proj_with_mqa.weight", kv_lora + rope, h)?,
+            kv_norm: ld.vector("self_attn.kv_a_layernorm.weight", &[kv_lora])?,
+            kv_b: ld.linear("self_attn.kv_b_proj.weight", heads * (nope + v), kv_lora)?,
+            gate,
+            o: ld.linear("self_attn.o_proj.weight", h, heads * v)?,
+            heads,
+            nope,
+            rope,
+            v,
+            kv_lora,
+            latent_eps: m.latent_norm_eps,
+        })
+    }
+
+    /// `x`: n rows of the normed input at positions `cache.len() ..`; appends their latents, returns `o_proj` rows.
+    pub fn forward(&self, x: &[f32], n: usize, cache: &mut LatentCache) -> Vec<f32> {
+        let (heads, nope, rope, dv, kvl) = (self.heads, self.nope, self.rope, self.v, self.kv_lora);
+        let qd = nope + rope;
+        // 1. queries.
+        let q = match &self.q {
+            QueryPath::LowRank { a, norm, b } => {
+                let mut cq = a.forward(x, n);
+                for row in cq.chunks_mut(a.rows) {
+                    rms_norm(row, norm, self.latent_eps);
+                }
+                b.forward(&cq, n)
+            }
+            QueryPath::Direct(p) => p.forward(x, n),
+        };
+        // 2. the latent and the shared k_pe, appended to the cache before attending (causal within the pass).
+        let c = self.kv_a.forward(x, n);
+        let start = cache.lat.len() / kvl;
+        for row in c.chunks(kvl + rope) {
+            let mut lat = row[..kvl].to_vec();
+            rms_norm(&mut lat, &self.kv_norm, self.latent_eps);
+            cache.lat.extend_from_slice(&lat);
+            cache.pe.extend_from_slice(&row[kvl..]);
+        }
+        // 3–4. per row and head: absorbed scores, softmax over positions ≤ its own, weighted latent, W_UV.
+        let scale = 1.0 / (qd as f32).sqrt();
+        let mut attn = vec![0.0f32; n * heads * dv];
+        let cache = &*cache;
+        attn.par_chunks_mut(dv).enumerate().for_each(|(idx, out)| {
+            let (t, hd) = (idx / heads, idx % heads);
+            let q_h = &q[t * heads * qd + hd * qd..][..qd];
+            let base = hd * (nope + dv);
+            let w_uk = &self.kv_b.data[base * kvl..(base + nope) * kvl];
+            let mut q_lat = vec![0.0f32; kvl];
+            matvec_t_bf16(w_uk, nope, kvl, &q_h[..nope], &mut q_lat);
+            let upto = start + t + 1;
+            let mut p: Vec<f32> = (0..upto)
+                .map(|s| {
+                    let lat = &cache.lat[s * kvl..(s + 1) * kvl];
+                    let pe = &cache.pe[s * rope..(s + 1) * rope];
+                    (dot(&q_lat, lat) + dot(&q_h[nope..], pe)) * scale
+                })
+                .collect();
+            softmax(&mut p);
+            let mut ctx = vec![0.0f32; kvl];
+            for (s, &ps) in p.iter().enumerate() {
+                axpy(&mut ctx, ps, &cache.lat[s * kvl..(s + 1) * kvl]);
+            }
+            matmul(&self.kv_b.matrix().row_slice(base + nope, dv), &ctx, 1, out);
+        });
+        // 5. output gate and projection.
+        if let Some(g) = &self.gate {
+            for (a, gv) in attn.iter_mut().zip(g.forward(x, n)) {
+                *a *= sigmoid(gv);
+            }
+        }
+        self.o.forward(&attn, n)
+    }
+}

@@ -1,0 +1,180 @@
+//! Feed-forward blocks: the dense gated MLP (layer 0 and the shared experts), the noaux_tc router, and the
+//! routed experts, whose bytes are read from the checkpoint only when a row routes to them.
+
+use crate::experts::{ExpertSet, Stats};
+use crate::ops::{rms_norm, sigmoid, Act};
+use crate::weights::{Linear, Loader};
+use anyhow::Result;
+use deltafin_formats::config::{Family, ModelConfig};
+use rayon::prelude::*;
+
+/// `down(act(gate x, up x))`.
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Act,
+}
+
+impl Mlp {
+    pub fn load(ld: &Loader, hidden: usize, width: usize, act: Act) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: ld.linear("gate_proj.weight", width, hidden)?,
+            up: ld.linear("up_proj.weight", width, hidden)?,
+            down: ld.linear("down_proj.weight", hidden, width)?,
+            act,
+        })
+    }
+
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let (g, u) = (self.gate.forward(x, n), self.up.forward(x, n));
+        let mut a = vec![0.0; g.len()];
+        self.act.apply(&g, &u, &mut a);
+        self.down.forward(&a, n)
+    }
+}
+
+/// The noaux_tc router: sigmoid scores; the correction bias only chooses; weights renormalised and scaled.
+pub struct Router {
+    gate: Linear,
+    bias: Vec<f32>,
+    top_k: usize,
+    renormalize: bool,
+    scale: f32,
+}
+
+/// One row's selection: expert ids in ascending order (the canonical summation order) with their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    pub ids: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+impl Router {
+    pub fn route(&self, x: &[f32], n: usize) -> Vec<Route> {
+        let e = self.gate.rows;
+        let logits = self.gate.forward(x, n);
+        logits
+            .chunks(e)
+            .map(|row| {
+                let scores: Vec<f32> = row.iter().map(|&l| sigmoid(l)).collect();
+                let mut order: Vec<usize> = (0..e).collect();
+                // Highest choice score first; equal scores: the lower id wins (a total, deterministic order).
+                let choice = |i: usize| scores[i] + self.bias[i];
+                order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
+                let mut ids = order[..self.top_k].to_vec();
+                ids.sort_unstable();
+                let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
+                let denom = if self.renormalize {
+                    // Summed in ascending-id order, like everything downstream.
+                    picked.iter().sum::<f32>() + 1e-20
+                } else {
+                    1.0
+                };
+                let weights = picked.iter().map(|s| s / denom * self.scale).collect();
+                Route { ids, weights }
+            })
+            .collect()
+    }
+}
+
+/// K3's latent projections around the routed experts.
+struct Latent {
+    down: Linear,
+    norm: Vec<f32>,
+    up: Linear,
+}
+
+pub struct Moe {
+    router: Router,
+    latent: Option<Latent>,
+    experts: ExpertSet,
+    shared: Mlp,
+    eps: f32,
+}
+
+impl Moe {
+    pub fn load(ld: &Loader, cfg: &ModelConfig, experts: ExpertSet) -> Result<Moe> {
+        let (h, m) = (cfg.hidden, &cfg.moe);
+        let act = match cfg.family {
+            Family::KimiK3 => Act::Situ,
+            Family::KimiLinear => Act::SiluGlu,
+        };
+        let latent = match m.latent {
+            Some(l) => Some(Latent {
+                down: ld.linear("block_sparse_moe.routed_expert_down_proj.weight", l, h)?,
+                norm: ld.vector("block_sparse_moe.routed_expert_norm.weight", &[l])?,
+                up: ld.linear("block_sparse_moe.routed_expert_up_proj.weight", h, l)?,
+            }),
+            None => None,
+        };
+        Ok(Moe {
+            router: Router {
+                gate: ld.linear("block_sparse_moe.gate.weight", m.num_experts, h)?,
+                bias: ld.vector("block_sparse_moe.gate.e_score_correction_bias", &[m.num_experts])?,
+                top_k: m.top_k,
+                renormalize: m.renormalize,
+                scale: m.routed_scaling_factor,
+            },
+            latent,
+            experts,
+            shared: Mlp::load(&ld.sub("block_sparse_moe.shared_experts."), h, m.shared_width, act)?,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// `x`: n rows of the post-attention-normed input. Each expert of the union of the rows' selections is read
+    /// once and applied to the rows that chose it; each row then sums its experts in ascending id order.
+    pub fn forward(&self, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {
+        let routes = self.router.route(x, n);
+        // 1. K3 works in the latent space: z = routed_expert_down_proj · x.
+        let z = match &self.latent {
+            Some(l) => l.down.forward(x, n),
+            None => x.to_vec(),
+        };
+        let width = z.len() / n;
+        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        // 2. expert outputs, one task per expert; results land in per-(row, slot) buffers.
+        let outputs: Vec<(usize, Vec<usize>, Vec<f32>)> = union
+            .par_iter()
+            .map(|&e| {
+                let rows: Vec<usize> = (0..n).filter(|&t| routes[t].ids.contains(&e)).collect();
+                let mut input = Vec::with_capacity(rows.len() * width);
+                for &t in &rows {
+                    input.extend_from_slice(&z[t * width..(t + 1) * width]);
+                }
+                let y = self.experts.apply(e, &input, rows.len(), stats)?;
+                Ok((e, rows, y))
+            })
+            .collect::<Result<_>>()?;
+        // 3. acc = Σ w_i y_i, experts in ascending id order per row (union order is ascending too).
+        let mut acc = vec![0.0f32; n * width];
+        for (e, rows, y) in &outputs {
+            for (j, &t) in rows.iter().enumerate() {
+                let slot = routes[t].ids.iter().position(|id| id == e).expect("row chose this expert");
+                let w = routes[t].weights[slot];
+                for (a, v) in acc[t * width..(t + 1) * width].iter_mut().zip(&y[j * width..(j + 1) * width]) {
+                    *a += w * v;
+                }
+            }
+        }
+        // 4. K3: r = up · RMS(acc, routed_expert_norm) — the norm comes after the weighted sum.
+        let routed = match &self.latent {
+            Some(l) => {
+                for row in acc.chunks_mut(width) {
+                    rms_norm(row, &l.norm, self.eps);
+                }
+                l.up.forward(&acc, n)
+            }
+            None => acc,
+        };
+        // 5. + shared experts.
+        let mut out = self.shared.forward(x, n);
+        for (o, r) in out.iter_mut().zip(&routed) {
+            *o = r + *o;
+        }
+        Ok(out)
+    }
+}
