@@ -1,9 +1,10 @@
-//! Greedy generation for `run` and `demo`: prefill the prompt in one pass, then one token per pass.
+//! `run` and `demo`: tokenize, generate with the engine, stream the text, report where the time went.
 
 use crate::GenArgs;
 use anyhow::{bail, Context, Result};
+use deltafin_engine::{generate, Flow, Request, SamplingParams};
 use deltafin_formats::npy;
-use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_models::{Model, Stats};
 use deltafin_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::Path;
@@ -14,99 +15,103 @@ pub fn run(dir: &Path, args: &GenArgs) -> Result<()> {
     let model = Model::load(dir)?;
     let cfg = model.config();
     let vocab = cfg.vocab_size;
-    let tokenizer = if dir.join("tiktoken.model").exists() { Some(Tokenizer::from_dir(dir)?) } else { None };
+    let tokenizer = if dir.join("tiktoken.model").exists() {
+        Some(Tokenizer::from_dir(dir)?)
+    } else {
+        None
+    };
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) => {
-            let tok = tokenizer
-                .as_ref()
-                .with_context(|| format!("{} has no tiktoken.model; pass --prompt-ids instead of --prompt", dir.display()))?;
+            let tok = tokenizer.as_ref().with_context(|| {
+                format!(
+                    "{} has no tiktoken.model; pass --prompt-ids instead of --prompt",
+                    dir.display()
+                )
+            })?;
             tok.encode(text)
         }
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("pass --prompt TEXT or --prompt-ids 1,2,3"),
     };
-    if prompt.is_empty() {
-        bail!("the prompt is empty; give at least one token");
-    }
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!("prompt token id {bad} is outside the vocabulary (size {vocab})");
-    }
     let load_secs = t_load.elapsed().as_secs_f64();
 
+    let req = Request {
+        prompt,
+        max_new: args.max_new,
+        stop_ids: if args.ignore_eos {
+            vec![]
+        } else {
+            cfg.eos_token_id.into_iter().collect()
+        },
+        sampling: SamplingParams::default(),
+        prompt_logits: args.dump_logits.is_some(),
+    };
     let stats = Stats::default();
-    let mut session = model.new_session();
-    let rows = if args.dump_logits.is_some() { LogitRows::All } else { LogitRows::Last };
-    let t0 = Instant::now();
-    let logits = model.forward(&mut session, &prompt, rows, &stats)?;
-    let prefill_secs = t0.elapsed().as_secs_f64();
-    let mut dumped: Vec<f32> = if args.dump_logits.is_some() { logits.clone() } else { Vec::new() };
-    let mut last = logits[logits.len() - vocab..].to_vec();
-
     let mut out = std::io::stdout().lock();
-    let mut generated: Vec<u32> = Vec::new();
+    let mut chosen_logits: Vec<f32> = Vec::new();
+    let mut bytes: Vec<u8> = Vec::new();
     let mut printed = 0usize;
-    let t1 = Instant::now();
-    while generated.len() < args.max_new {
+    let mut io_error = None;
+    let output = generate(&model, &req, &stats, |token, logits| {
         if args.dump_logits.is_some() {
-            dumped.extend_from_slice(&last);
+            chosen_logits.extend_from_slice(logits);
         }
-        let next = argmax(&last);
-        generated.push(next);
         if let Some(tok) = &tokenizer {
             // Print only whole UTF-8 characters; a split character waits for its next token.
-            let bytes = tok.decode_bytes(&generated)?;
+            match tok.decode_bytes(&[token]) {
+                Ok(b) => bytes.extend_from_slice(&b),
+                Err(e) => {
+                    io_error = Some(e);
+                    return Flow::Stop;
+                }
+            }
             let valid = match std::str::from_utf8(&bytes[printed..]) {
                 Ok(s) => s.len(),
                 Err(e) => e.valid_up_to(),
             };
-            out.write_all(&bytes[printed..printed + valid])?;
-            out.flush()?;
+            if let Err(e) = out
+                .write_all(&bytes[printed..printed + valid])
+                .and_then(|_| out.flush())
+            {
+                io_error = Some(e.into());
+                return Flow::Stop;
+            }
             printed += valid;
         }
-        if generated.len() == args.max_new || (!args.ignore_eos && Some(next) == cfg.eos_token_id) {
-            break;
-        }
-        last = model.forward(&mut session, &[next], LogitRows::Last, &stats)?;
+        Flow::Continue
+    })?;
+    if let Some(e) = io_error {
+        return Err(e);
     }
-    let decode_secs = t1.elapsed().as_secs_f64();
-    if let Some(tok) = &tokenizer {
-        let bytes = tok.decode_bytes(&generated)?;
+    if tokenizer.is_some() {
         out.write_all(&bytes[printed..])?;
         writeln!(out)?;
     }
     if args.print_ids || tokenizer.is_none() {
-        writeln!(out, "{}", serde_json::to_string(&generated)?)?;
+        writeln!(out, "{}", serde_json::to_string(&output.tokens)?)?;
     }
     if let Some(path) = &args.dump_logits {
-        // Row P+j holds the logits that chose generated[j] (so row P repeats the last prompt row).
-        npy::write_f32(path, dumped.len() / vocab, vocab, &dumped)?;
+        // Prompt rows, then row P+j = the logits that chose generated[j] (row P repeats the last prompt row).
+        let mut rows = output.prompt_logits.unwrap_or_default();
+        rows.extend_from_slice(&chosen_logits);
+        npy::write_f32(path, rows.len() / vocab, vocab, &rows)?;
     }
     // Decode passes: one per generated token after the first (the first comes from the prefill's logits).
-    let steps = generated.len().saturating_sub(1).max(1);
+    let steps = output.tokens.len().saturating_sub(1);
+    let n_prompt = req.prompt.len();
     eprintln!(
         "[stats] load {:.2}s | prefill {} tok in {:.3}s ({:.1} tok/s) | decode {} tok in {:.3}s ({:.2} tok/s) | expert reads {} ({:.1} MB, {:.3}s in reads) | kernels {}",
         load_secs,
-        prompt.len(),
-        prefill_secs,
-        prompt.len() as f64 / prefill_secs,
-        generated.len(),
-        decode_secs,
-        steps as f64 / decode_secs.max(1e-9),
+        n_prompt,
+        output.prefill_secs,
+        n_prompt as f64 / output.prefill_secs,
+        output.tokens.len(),
+        output.decode_secs,
+        steps as f64 / output.decode_secs.max(1e-9),
         stats.reads(),
         stats.bytes() as f64 / 1e6,
         stats.read_secs(),
         deltafin_kernels::isa(),
     );
     Ok(())
-}
-
-/// The highest logit; ties go to the lowest id, like the router.
-pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

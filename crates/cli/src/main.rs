@@ -8,7 +8,11 @@ use deltafin_makemodel::{make_model, Arch, Preset};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "deltafin", version, about = "Run mixture-of-experts models far larger than memory, exactly.")]
+#[command(
+    name = "deltafin",
+    version,
+    about = "Run mixture-of-experts models far larger than memory, exactly."
+)]
 struct Cli {
     /// Worker threads for the kernels (default: one per core). Results are bit-identical for any count.
     #[arg(long, global = true)]
@@ -39,7 +43,11 @@ struct RunArgs {
 #[derive(Args)]
 struct GenArgs {
     /// Prompt text, tokenized with the checkpoint's tiktoken.model (no BOS is prepended).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
@@ -64,7 +72,10 @@ struct DemoArgs {
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// Prompt text.
-    #[arg(long, default_value = "The expert store streams weights from the drive")]
+    #[arg(
+        long,
+        default_value = "The expert store streams weights from the drive"
+    )]
     prompt: String,
     /// Number of tokens to generate.
     #[arg(long, default_value_t = 48)]
@@ -100,14 +111,19 @@ fn run(cli: Cli) -> Result<()> {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
     }
     match cli.command {
         Command::Run(a) => generate::run(&a.model, &a.gen),
         Command::Demo(a) => demo(a),
         Command::MakeModel(a) => {
             if a.out.join("config.json").exists() {
-                bail!("{} already holds a checkpoint; choose an empty --out directory", a.out.display());
+                bail!(
+                    "{} already holds a checkpoint; choose an empty --out directory",
+                    a.out.display()
+                );
             }
             let s = make_model(a.arch, a.preset, a.seed, &a.out)?;
             println!("{}: {s}", a.out.display());
@@ -123,8 +139,13 @@ fn demo(a: DemoArgs) -> Result<()> {
     };
     let dir = cache.join("kimi_k3-small-seed0");
     if !dir.join("config.json").exists() {
-        eprintln!("creating the demo model (kimi_k3, small preset) in {} ...", dir.display());
-        create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ()))?;
+        eprintln!(
+            "creating the demo model (kimi_k3, small preset) in {} ...",
+            dir.display()
+        );
+        create_atomically(&dir, |tmp| {
+            make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
+        })?;
     }
     let gen = GenArgs {
         prompt: Some(a.prompt),
@@ -141,7 +162,8 @@ fn default_cache_dir() -> Result<PathBuf> {
     if let Some(d) = std::env::var_os("DELTAFIN_CACHE") {
         return Ok(PathBuf::from(d));
     }
-    let home = std::env::var_os("HOME").context("neither DELTAFIN_CACHE nor HOME is set; pass --cache-dir")?;
+    let home = std::env::var_os("HOME")
+        .context("neither DELTAFIN_CACHE nor HOME is set; pass --cache-dir")?;
     Ok(PathBuf::from(home).join(".cache").join("deltafin"))
 }
 
@@ -149,7 +171,8 @@ fn default_cache_dir() -> Result<PathBuf> {
 /// half-written model where the next run would trust it.
 fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let parent = dir.parent().context("the model directory needs a parent")?;
-    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
     let tmp = parent.join(format!(
         ".{}.partial-{}",
         dir.file_name().and_then(|n| n.to_str()).unwrap_or("model"),
@@ -159,5 +182,6 @@ fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Res
         std::fs::remove_dir_all(&tmp)?;
     }
     build(&tmp)?;
-    std::fs::rename(&tmp, dir).with_context(|| format!("cannot move {} to {}", tmp.display(), dir.display()))
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), dir.display()))
 }

@@ -10,10 +10,24 @@ use std::path::Path;
 
 /// `deltafin run` on `model`; asserts a clean failure (exit 1, no panic) and returns stderr.
 fn run_err(model: &Path, ids: &str) -> String {
-    let out = bin().arg("run").arg("--model").arg(model).args(["--prompt-ids", ids, "--max-new", "2"]).output().unwrap();
+    let out = bin()
+        .arg("run")
+        .arg("--model")
+        .arg(model)
+        .args(["--prompt-ids", ids, "--max-new", "2"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(1), "expected a clean failure, got {:?}: {stderr}", out.status);
-    assert!(!stderr.contains("panicked"), "a panic is never an error message: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected a clean failure, got {:?}: {stderr}",
+        out.status
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "a panic is never an error message: {stderr}"
+    );
     assert!(stderr.starts_with("error: "), "{stderr}");
     stderr
 }
@@ -21,12 +35,17 @@ fn run_err(model: &Path, ids: &str) -> String {
 /// The shard of the index holding `tensor`.
 fn shard_of(model: &Path, tensor: &str) -> std::path::PathBuf {
     let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(model.join("model.safetensors.index.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(model.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
     model.join(index["weight_map"][tensor].as_str().unwrap())
 }
 
 /// Rewrites the shard holding `tensor`, letting `edit` drop it (None) or replace it.
-fn rewrite(model: &Path, tensor: &str, edit: impl Fn(TensorView) -> Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+fn rewrite(
+    model: &Path,
+    tensor: &str,
+    edit: impl Fn(TensorView) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
+) {
     let path = shard_of(model, tensor);
     let bytes = std::fs::read(&path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -37,11 +56,18 @@ fn rewrite(model: &Path, tensor: &str, edit: impl Fn(TensorView) -> Option<(Dtyp
                 owned.push((name, d, s, b));
             }
         } else {
-            owned.push((name, view.dtype(), view.shape().to_vec(), view.data().to_vec()));
+            owned.push((
+                name,
+                view.dtype(),
+                view.shape().to_vec(),
+                view.data().to_vec(),
+            ));
         }
     }
-    let views: Vec<(String, TensorView)> =
-        owned.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
     safetensors::serialize_to_file(views, None, &path).unwrap();
 }
 
@@ -63,20 +89,32 @@ fn wrong_dtype_is_named_with_expected_and_found() {
     let t = tiny(Arch::KimiK3, 0);
     let m = model_dir(&t);
     rewrite(&m, EMBED, |v| {
-        let widened: Vec<u8> = v.data().chunks(2).flat_map(|c| [0, 0, c[0], c[1]]).collect();
+        let widened: Vec<u8> = v
+            .data()
+            .chunks(2)
+            .flat_map(|c| [0, 0, c[0], c[1]])
+            .collect();
         Some((Dtype::F32, v.shape().to_vec(), widened))
     });
     let e = run_err(&m, "1,2");
-    assert!(e.contains(EMBED) && e.contains("has dtype F32, expected BF16"), "{e}");
+    assert!(
+        e.contains(EMBED) && e.contains("has dtype F32, expected BF16"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_shape_is_named_with_expected_and_found() {
     let t = tiny(Arch::KimiK3, 0);
     let m = model_dir(&t);
-    rewrite(&m, NORM, |v| Some((v.dtype(), vec![32], v.data()[..64].to_vec())));
+    rewrite(&m, NORM, |v| {
+        Some((v.dtype(), vec![32], v.data()[..64].to_vec()))
+    });
     let e = run_err(&m, "1,2");
-    assert!(e.contains(NORM) && e.contains("has shape [32], expected [64]"), "{e}");
+    assert!(
+        e.contains(NORM) && e.contains("has shape [32], expected [64]"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -85,10 +123,16 @@ fn truncated_shard_is_reported() {
     let m = model_dir(&t);
     let shard = shard_of(&m, EMBED);
     let len = std::fs::metadata(&shard).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&shard).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap();
     f.set_len(len - 1000).unwrap();
     let e = run_err(&m, "1,2");
-    assert!(e.contains(shard.file_name().unwrap().to_str().unwrap()) && e.contains("truncated"), "{e}");
+    assert!(
+        e.contains(shard.file_name().unwrap().to_str().unwrap()) && e.contains("truncated"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -99,16 +143,25 @@ fn bad_json_and_unknown_model_type_are_reported() {
     let original = std::fs::read_to_string(&cfg_path).unwrap();
     std::fs::write(&cfg_path, &original[..original.len() / 2]).unwrap();
     let e = run_err(&m, "1,2");
-    assert!(e.contains("config.json") && e.contains("not valid JSON"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("not valid JSON"),
+        "{e}"
+    );
 
     let mut v: serde_json::Value = serde_json::from_str(&original).unwrap();
     v["model_type"] = "gpt2".into();
     std::fs::write(&cfg_path, v.to_string()).unwrap();
     let e = run_err(&m, "1,2");
-    assert!(e.contains("config.json") && e.contains("\"gpt2\"") && e.contains("kimi_k3"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("\"gpt2\"") && e.contains("kimi_k3"),
+        "{e}"
+    );
 
     v["model_type"] = "kimi_k3".into();
-    v["text_config"].as_object_mut().unwrap().remove("num_experts");
+    v["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("num_experts");
     std::fs::write(&cfg_path, v.to_string()).unwrap();
     let e = run_err(&m, "1,2");
     assert!(e.contains("missing field `num_experts`"), "{e}");
@@ -120,7 +173,8 @@ fn corrupt_expert_scale_is_an_error_naming_layer_and_expert() {
     let m = model_dir(&t);
     // Poison every expert of layer 1 so whichever is routed is caught.
     for e in 0..16 {
-        let name = format!("language_model.model.layers.1.block_sparse_moe.experts.{e}.w2.weight_scale");
+        let name =
+            format!("language_model.model.layers.1.block_sparse_moe.experts.{e}.w2.weight_scale");
         rewrite(&m, &name, |v| {
             let mut b = v.data().to_vec();
             b[0] = 255;

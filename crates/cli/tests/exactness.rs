@@ -24,19 +24,33 @@ fn check_against_reference(arch: Arch, seed: u64, prompt: &[u32]) {
     for r in 0..ours.rows {
         let rr = if r < p { r } else { r - 1 };
         let e = rel_err(ours.row(r), reference.row(rr));
-        assert!(e < TOL, "{arch:?} row {r}: relative error {e:e} exceeds {TOL:e}");
+        assert!(
+            e < TOL,
+            "{arch:?} row {r}: relative error {e:e} exceeds {TOL:e}"
+        );
         worst = worst.max(e);
     }
     // The references must agree on the tokens too (they are argmaxes of rows that agree to 1e-4).
     for (j, &g) in generated.iter().enumerate() {
-        assert_eq!(argmax(reference.row(p - 1 + j)), g, "{arch:?}: greedy token {j} differs from the reference");
+        assert_eq!(
+            argmax(reference.row(p - 1 + j)),
+            g,
+            "{arch:?}: greedy token {j} differs from the reference"
+        );
     }
-    eprintln!("{arch:?}: worst relative error {worst:e} over {} rows; generated {generated:?}", ours.rows);
+    eprintln!(
+        "{arch:?}: worst relative error {worst:e} over {} rows; generated {generated:?}",
+        ours.rows
+    );
 }
 
 #[test]
 fn kimi_k3_tiny_matches_the_float64_reference() {
-    check_against_reference(Arch::KimiK3, 1, &[5, 300, 17, 42, 511, 99, 256, 7, 64, 128, 1, 480]);
+    check_against_reference(
+        Arch::KimiK3,
+        1,
+        &[5, 300, 17, 42, 511, 99, 256, 7, 64, 128, 1, 480],
+    );
 }
 
 #[test]
@@ -46,7 +60,11 @@ fn kimi_k3_tiny_second_seed_matches_the_float64_reference() {
 
 #[test]
 fn kimi_linear_tiny_matches_the_float64_reference() {
-    check_against_reference(Arch::KimiLinear, 1, &[5, 300, 17, 42, 511, 99, 256, 7, 64, 128, 1, 480]);
+    check_against_reference(
+        Arch::KimiLinear,
+        1,
+        &[5, 300, 17, 42, 511, 99, 256, 7, 64, 128, 1, 480],
+    );
 }
 
 /// Goldens made by tools/oracle/kimi_linear_golden.py with transformers 5.17 (see the fixture's README).
@@ -56,7 +74,12 @@ fn kimi_linear_matches_transformers_goldens() {
     let golden: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture.join("golden.json")).unwrap()).unwrap();
     let ids = |k: &str| -> Vec<u32> {
-        golden[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        golden[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
     };
     let (prompt, generated) = (ids("prompt_ids"), ids("generated_ids"));
     let gold = deltafin_formats::npy::read(&fixture.join("golden_logits.npy")).unwrap();
@@ -66,16 +89,27 @@ fn kimi_linear_matches_transformers_goldens() {
     for r in 0..ours.rows {
         let gr = if r < p { r } else { r - 1 };
         let e = rel_err(ours.row(r), gold.row(gr));
-        assert!(e < TOL, "row {r}: relative error {e:e} against transformers exceeds {TOL:e}");
+        assert!(
+            e < TOL,
+            "row {r}: relative error {e:e} against transformers exceeds {TOL:e}"
+        );
     }
-    let ours_generated: Vec<u32> = (0..generated.len()).map(|j| argmax(ours.row(p + j))).collect();
-    assert_eq!(ours_generated, generated, "greedy tokens differ from transformers");
+    let ours_generated: Vec<u32> = (0..generated.len())
+        .map(|j| argmax(ours.row(p + j)))
+        .collect();
+    assert_eq!(
+        ours_generated, generated,
+        "greedy tokens differ from transformers"
+    );
 }
 
 /// The reference checks itself (hand-written MXFP4 values, KDA/MLA identities); CI runs it here.
 #[test]
 fn float64_reference_selftest_passes() {
-    let out = python().arg(repo_root().join("tools/reference/selftest.py")).output().unwrap();
+    let out = python()
+        .arg(repo_root().join("tools/reference/selftest.py"))
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "selftest failed:\n{}\n{}",

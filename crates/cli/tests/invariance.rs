@@ -12,19 +12,27 @@ const PROMPT: [u32; 10] = [5, 300, 17, 42, 511, 99, 256, 7, 64, 128];
 fn logits_bits(model: &Model) -> Vec<u32> {
     let stats = Stats::default();
     let mut s = model.new_session();
-    let mut all = model.forward(&mut s, &PROMPT, LogitRows::All, &stats).unwrap();
+    let mut all = model
+        .forward(&mut s, &PROMPT, LogitRows::All, &stats)
+        .unwrap();
     let vocab = model.config().vocab_size;
     for _ in 0..6 {
         let last = &all[all.len() - vocab..];
         let next = argmax(&last.iter().map(|&x| x as f64).collect::<Vec<_>>());
-        let step = model.forward(&mut s, &[next], LogitRows::Last, &stats).unwrap();
+        let step = model
+            .forward(&mut s, &[next], LogitRows::Last, &stats)
+            .unwrap();
         all.extend_from_slice(&step);
     }
     all.iter().map(|x| x.to_bits()).collect()
 }
 
 fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
 }
 
 #[test]
@@ -41,7 +49,10 @@ fn bit_identical_across_runs_and_thread_counts() {
         assert!(one == three, "{arch:?}: 1 vs 3 threads differ");
         // And a fresh load of the same files gives the same bits.
         let reloaded = Model::load(&model_dir(&t)).unwrap();
-        assert!(one == in_pool(2, || logits_bits(&reloaded)), "{arch:?}: reload differs");
+        assert!(
+            one == in_pool(2, || logits_bits(&reloaded)),
+            "{arch:?}: reload differs"
+        );
     }
 }
 
@@ -52,20 +63,43 @@ fn prefill_equals_single_token_steps() {
         let model = Model::load(&model_dir(&t)).unwrap();
         let stats = Stats::default();
         let mut batch = model.new_session();
-        let prefill = model.forward(&mut batch, &PROMPT, LogitRows::All, &stats).unwrap();
+        let prefill = model
+            .forward(&mut batch, &PROMPT, LogitRows::All, &stats)
+            .unwrap();
         let mut single = model.new_session();
         let mut steps = Vec::new();
         for &tok in &PROMPT {
-            steps.extend(model.forward(&mut single, &[tok], LogitRows::All, &stats).unwrap());
+            steps.extend(
+                model
+                    .forward(&mut single, &[tok], LogitRows::All, &stats)
+                    .unwrap(),
+            );
         }
-        let max_diff = prefill.iter().zip(&steps).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(max_diff <= 1e-5, "{arch:?}: prefill vs steps differ by {max_diff}");
+        let max_diff = prefill
+            .iter()
+            .zip(&steps)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max_diff <= 1e-5,
+            "{arch:?}: prefill vs steps differ by {max_diff}"
+        );
         // Stronger than required: every row's arithmetic is independent of its batch, so the bits agree.
-        assert!(prefill == steps, "{arch:?}: prefill and steps agree to {max_diff} but not bit for bit");
+        assert!(
+            prefill == steps,
+            "{arch:?}: prefill and steps agree to {max_diff} but not bit for bit"
+        );
         // The states they leave behind continue identically.
-        let a = model.forward(&mut batch, &[9], LogitRows::Last, &stats).unwrap();
-        let b = model.forward(&mut single, &[9], LogitRows::Last, &stats).unwrap();
-        assert!(a == b, "{arch:?}: continuation after prefill differs from continuation after steps");
+        let a = model
+            .forward(&mut batch, &[9], LogitRows::Last, &stats)
+            .unwrap();
+        let b = model
+            .forward(&mut single, &[9], LogitRows::Last, &stats)
+            .unwrap();
+        assert!(
+            a == b,
+            "{arch:?}: continuation after prefill differs from continuation after steps"
+        );
     }
 }
 
@@ -75,9 +109,20 @@ fn chunked_prefill_equals_one_pass() {
     let model = Model::load(&model_dir(&t)).unwrap();
     let stats = Stats::default();
     let mut whole = model.new_session();
-    let one = model.forward(&mut whole, &PROMPT, LogitRows::All, &stats).unwrap();
+    let one = model
+        .forward(&mut whole, &PROMPT, LogitRows::All, &stats)
+        .unwrap();
     let mut parts = model.new_session();
-    let mut two = model.forward(&mut parts, &PROMPT[..4], LogitRows::All, &stats).unwrap();
-    two.extend(model.forward(&mut parts, &PROMPT[4..], LogitRows::All, &stats).unwrap());
-    assert!(one == two, "a prompt split in two chunks must give the same bits as one pass");
+    let mut two = model
+        .forward(&mut parts, &PROMPT[..4], LogitRows::All, &stats)
+        .unwrap();
+    two.extend(
+        model
+            .forward(&mut parts, &PROMPT[4..], LogitRows::All, &stats)
+            .unwrap(),
+    );
+    assert!(
+        one == two,
+        "a prompt split in two chunks must give the same bits as one pass"
+    );
 }

@@ -13,13 +13,24 @@ fn scalar_and_simd_kernels_give_identical_logits() {
         let model = Model::load(&model_dir(&t)).unwrap();
         let run = || {
             let mut s = model.new_session();
-            model.forward(&mut s, &[1, 2, 3, 400, 5], LogitRows::All, &Stats::default()).unwrap()
+            model
+                .forward(
+                    &mut s,
+                    &[1, 2, 3, 400, 5],
+                    LogitRows::All,
+                    &Stats::default(),
+                )
+                .unwrap()
         };
         deltafin_kernels::set_force_scalar(false);
         let simd = run();
         deltafin_kernels::set_force_scalar(true);
         let scalar = run();
         deltafin_kernels::set_force_scalar(false);
-        assert!(simd == scalar, "{arch:?}: {} and scalar kernels differ", deltafin_kernels::isa());
+        assert!(
+            simd == scalar,
+            "{arch:?}: {} and scalar kernels differ",
+            deltafin_kernels::isa()
+        );
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -125,7 +125,7 @@ impl ShardedWriter {
         for (i, shard) in shards.iter().enumerate() {
             let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
             let members: Vec<&Tensor> = shard.iter().flat_map(|g| g.iter()).collect();
-            write_atomically(&self.dir.join(&file), &safetensors_bytes(&members))?;
+            write_safetensors(&self.dir.join(&file), &members)?;
             for t in &members {
                 weight_map.insert(t.name.clone(), serde_json::Value::from(file.clone()));
                 payload_bytes += t.data.len() as u64;
@@ -137,10 +137,8 @@ impl ShardedWriter {
             "metadata": {"total_size": payload_bytes},
             "weight_map": weight_map,
         });
-        write_atomically(
-            &index_path,
-            serde_json::to_string_pretty(&index)?.as_bytes(),
-        )?;
+        let index = serde_json::to_string_pretty(&index)?;
+        write_atomically(&index_path, |file| file.write_all(index.as_bytes()))?;
         remove_stale_shards(&self.dir, &shard_names)?;
         Ok(ShardedSummary {
             tensors,
@@ -152,10 +150,7 @@ impl ShardedWriter {
 
 /// Writes one unsharded `model.safetensors`-style file, tensors in the order given.
 pub fn write_single(path: &Path, tensors: &[Tensor]) -> Result<()> {
-    write_atomically(
-        path,
-        &safetensors_bytes(&tensors.iter().collect::<Vec<_>>()),
-    )
+    write_safetensors(path, &tensors.iter().collect::<Vec<_>>())
 }
 
 /// Assigns whole groups to shards, keeping their order.
@@ -200,9 +195,9 @@ fn plan_shards(groups: &[Vec<Tensor>], limit: ShardLimit) -> Vec<&[Vec<Tensor>]>
     shards
 }
 
-/// The bytes of one safetensors file: u64 header length, the JSON header (padded with spaces to a
-/// multiple of 8 so the data starts aligned), then the tensors' data back to back in the order given.
-fn safetensors_bytes(tensors: &[&Tensor]) -> Vec<u8> {
+/// Writes one safetensors file: u64 header length, the JSON header (padded with spaces to a multiple
+/// of 8 so the data starts aligned), then the tensors' data back to back in the order given.
+fn write_safetensors(path: &Path, tensors: &[&Tensor]) -> Result<()> {
     let mut header = String::from(r#"{"__metadata__":{"format":"pt"}"#);
     let mut offset = 0usize;
     for t in tensors {
@@ -219,29 +214,30 @@ fn safetensors_bytes(tensors: &[&Tensor]) -> Vec<u8> {
     while header.len() % 8 != 0 {
         header.push(' ');
     }
-    let mut bytes = Vec::with_capacity(8 + header.len() + offset);
-    bytes.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for t in tensors {
-        bytes.extend_from_slice(&t.data);
-    }
-    bytes
+    write_atomically(path, |file| {
+        file.write_all(&(header.len() as u64).to_le_bytes())?;
+        file.write_all(header.as_bytes())?;
+        tensors.iter().try_for_each(|t| file.write_all(&t.data))
+    })
 }
 
-/// Writes to a hidden temporary file in the same directory, syncs it and renames it over `path`, so
-/// `path` is either absent, the old file, or the complete new one.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes through `write` into a hidden temporary file in the same directory, syncs it and renames it
+/// over `path`, so `path` is either absent, the old file, or the complete new one.
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         bail!("{} is not a file path", path.display());
     };
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
+    let result = (|| -> std::io::Result<()> {
+        let mut file = BufWriter::new(fs::File::create(&tmp)?);
+        write(&mut file)?;
+        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         fs::rename(&tmp, path)
-    };
-    write()
+    })();
+    result
         .with_context(|| format!("writing {}", path.display()))
         .inspect_err(|_| {
             let _ = fs::remove_file(&tmp);

@@ -1,7 +1,8 @@
 //! Turns a tensor's `Init` into bytes, drawing from one seeded stream in a fixed order.
 //!
-//! Every draw is integer arithmetic or a single float multiply/add (no `exp`/`ln` whose last bit
-//! depends on the platform's libm inside the stream), so a seed gives the same bytes everywhere.
+//! Every draw is integer arithmetic or a float multiply/add, never a libm call whose last bit may
+//! differ between platforms, so a seed gives the same stream everywhere. (The one libm call, `ln` for
+//! A_log, happens after its draws and only touches that stored F32 value.)
 
 use deltafin_formats::Dtype;
 use deltafin_kernels::codec::f32_to_bf16;
@@ -9,7 +10,7 @@ use rand::{Rng, RngCore};
 use rand_chacha::ChaCha8Rng;
 
 /// How a tensor's values are drawn.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Init {
     /// Approximately N(0, std²).
     Normal(f32),

@@ -12,8 +12,8 @@ use deltafin_formats::config::{Family, ModelConfig};
 use std::sync::Arc;
 
 pub enum Attention {
-    Kda(Kda),
-    Mla(Mla),
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
 }
 
 /// What one layer carries from token to token.
@@ -25,7 +25,11 @@ pub enum LayerState {
 
 impl Attention {
     pub fn load(ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<Attention> {
-        Ok(if cfg.is_mla[layer] { Attention::Mla(Mla::load(ld, cfg)?) } else { Attention::Kda(Kda::load(ld, cfg)?) })
+        Ok(if cfg.is_mla[layer] {
+            Attention::Mla(Box::new(Mla::load(ld, cfg)?))
+        } else {
+            Attention::Kda(Box::new(Kda::load(ld, cfg)?))
+        })
     }
 
     pub fn new_state(&self) -> LayerState {
@@ -45,21 +49,31 @@ impl Attention {
 }
 
 pub enum FeedForward {
-    Dense(Mlp),
-    Moe(Moe),
+    Dense(Box<Mlp>),
+    Moe(Box<Moe>),
 }
 
 impl FeedForward {
-    pub fn load(ck: &Arc<Checkpoint>, ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<FeedForward> {
+    pub fn load(
+        ck: &Arc<Checkpoint>,
+        ld: &Loader,
+        cfg: &ModelConfig,
+        layer: usize,
+    ) -> Result<FeedForward> {
         let act = match cfg.family {
             Family::KimiK3 => Act::Situ,
             Family::KimiLinear => Act::SiluGlu,
         };
         if cfg.is_dense(layer) {
-            return Ok(FeedForward::Dense(Mlp::load(&ld.sub("mlp."), cfg.hidden, cfg.dense_intermediate, act)?));
+            return Ok(FeedForward::Dense(Box::new(Mlp::load(
+                &ld.sub("mlp."),
+                cfg.hidden,
+                cfg.dense_intermediate,
+                act,
+            )?)));
         }
         let experts = ExpertSet::load(ck, &ld.name("block_sparse_moe."), layer, cfg)?;
-        Ok(FeedForward::Moe(Moe::load(ld, cfg, experts)?))
+        Ok(FeedForward::Moe(Box::new(Moe::load(ld, cfg, experts)?)))
     }
 
     pub fn forward(&self, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {

@@ -64,31 +64,54 @@ pub struct ExpertSet {
 }
 
 impl ExpertSet {
-    pub fn load(ck: &Arc<Checkpoint>, prefix: &str, layer: usize, cfg: &ModelConfig) -> Result<ExpertSet> {
+    pub fn load(
+        ck: &Arc<Checkpoint>,
+        prefix: &str,
+        layer: usize,
+        cfg: &ModelConfig,
+    ) -> Result<ExpertSet> {
         let m = &cfg.moe;
         let inter = m.intermediate;
         let (encoding, act, width) = match cfg.family {
             Family::KimiK3 => (Encoding::Mxfp4, Act::Situ, m.latent.unwrap_or(cfg.hidden)),
             Family::KimiLinear => (Encoding::Bf16, Act::SiluGlu, cfg.hidden),
         };
-        if width % 32 != 0 || inter % 32 != 0 {
-            bail!("expert widths {width} and {inter} must be multiples of 32 (the MXFP4 group size)");
+        if !width.is_multiple_of(32) || !inter.is_multiple_of(32) {
+            bail!(
+                "expert widths {width} and {inter} must be multiples of 32 (the MXFP4 group size)"
+            );
         }
         // (name, dtype, shape) of each tensor of one expert, in the order K3 stores them.
         let tensors: Vec<(String, Dtype, Vec<usize>)> = match encoding {
-            Encoding::Mxfp4 => [("w1", inter, width), ("w2", width, inter), ("w3", inter, width)]
-                .iter()
-                .flat_map(|&(w, rows, cols)| {
-                    [
-                        (format!("{w}.weight_packed"), Dtype::U8, vec![rows, cols / 2]),
-                        (format!("{w}.weight_scale"), Dtype::U8, vec![rows, cols / 32]),
-                    ]
-                })
-                .collect(),
-            Encoding::Bf16 => [("w1", inter, width), ("w2", width, inter), ("w3", inter, width)]
-                .iter()
-                .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
-                .collect(),
+            Encoding::Mxfp4 => [
+                ("w1", inter, width),
+                ("w2", width, inter),
+                ("w3", inter, width),
+            ]
+            .iter()
+            .flat_map(|&(w, rows, cols)| {
+                [
+                    (
+                        format!("{w}.weight_packed"),
+                        Dtype::U8,
+                        vec![rows, cols / 2],
+                    ),
+                    (
+                        format!("{w}.weight_scale"),
+                        Dtype::U8,
+                        vec![rows, cols / 32],
+                    ),
+                ]
+            })
+            .collect(),
+            Encoding::Bf16 => [
+                ("w1", inter, width),
+                ("w2", width, inter),
+                ("w3", inter, width),
+            ]
+            .iter()
+            .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
+            .collect(),
         };
         let mut parts = Vec::new();
         let mut at = 0;
@@ -103,15 +126,31 @@ impl ExpertSet {
             for (name, dtype, shape) in &tensors {
                 let info = ck.expect(&format!("{prefix}experts.{e}.{name}"), &[*dtype], shape)?;
                 match extents.last_mut() {
-                    Some(last) if last.shard == info.shard && last.offset + last.len as u64 == info.offset => {
+                    Some(last)
+                        if last.shard == info.shard
+                            && last.offset + last.len as u64 == info.offset =>
+                    {
                         last.len += info.nbytes as usize
                     }
-                    _ => extents.push(Extent { shard: info.shard, offset: info.offset, len: info.nbytes as usize }),
+                    _ => extents.push(Extent {
+                        shard: info.shard,
+                        offset: info.offset,
+                        len: info.nbytes as usize,
+                    }),
                 }
             }
             locations.push(Location { extents });
         }
-        Ok(ExpertSet { ck: ck.clone(), layer, encoding, act, width, inter, parts, locations })
+        Ok(ExpertSet {
+            ck: ck.clone(),
+            layer,
+            encoding,
+            act,
+            width,
+            inter,
+            parts,
+            locations,
+        })
     }
 
     pub fn record_bytes(&self) -> usize {
@@ -129,9 +168,13 @@ impl ExpertSet {
                 .with_context(|| format!("reading layer {} expert {e}", self.layer))?;
             at += x.len;
         }
-        stats.expert_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        stats
+            .expert_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         stats.expert_reads.fetch_add(1, Ordering::Relaxed);
-        stats.expert_read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        stats
+            .expert_read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(buf)
     }
 
@@ -154,7 +197,12 @@ impl ExpertSet {
                         );
                     }
                 }
-                let mx = |p: usize, rows: usize, cols: usize| Matrix::Mxfp4 { packed: part(p), scales: part(p + 1), rows, cols };
+                let mx = |p: usize, rows: usize, cols: usize| Matrix::Mxfp4 {
+                    packed: part(p),
+                    scales: part(p + 1),
+                    rows,
+                    cols,
+                };
                 matmul(&mx(0, inter, width), x, n, &mut h1);
                 matmul(&mx(4, inter, width), x, n, &mut h3);
                 let mut a = vec![0.0; n * inter];
@@ -164,11 +212,38 @@ impl ExpertSet {
             Encoding::Bf16 => {
                 let w = |p: usize| crate::weights::u16s(part(p));
                 let (w1, w2, w3) = (w(0), w(1), w(2));
-                matmul(&Matrix::Bf16 { data: &w1, rows: inter, cols: width }, x, n, &mut h1);
-                matmul(&Matrix::Bf16 { data: &w3, rows: inter, cols: width }, x, n, &mut h3);
+                matmul(
+                    &Matrix::Bf16 {
+                        data: &w1,
+                        rows: inter,
+                        cols: width,
+                    },
+                    x,
+                    n,
+                    &mut h1,
+                );
+                matmul(
+                    &Matrix::Bf16 {
+                        data: &w3,
+                        rows: inter,
+                        cols: width,
+                    },
+                    x,
+                    n,
+                    &mut h3,
+                );
                 let mut a = vec![0.0; n * inter];
                 self.act.apply(&h1, &h3, &mut a);
-                matmul(&Matrix::Bf16 { data: &w2, rows: width, cols: inter }, &a, n, &mut y);
+                matmul(
+                    &Matrix::Bf16 {
+                        data: &w2,
+                        rows: width,
+                        cols: inter,
+                    },
+                    &a,
+                    n,
+                    &mut y,
+                );
             }
         }
         Ok(y)

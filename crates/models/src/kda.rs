@@ -6,8 +6,8 @@
 use crate::ops::{rms_norm, sigmoid, silu, softplus};
 use crate::weights::{Linear, Loader};
 use anyhow::{bail, Result};
-use deltafin_formats::config::ModelConfig;
 use deltafin_formats::config::Family;
+use deltafin_formats::config::ModelConfig;
 use rayon::prelude::*;
 
 /// How the per-channel decay `g` (a log-decay, ≤ 0) is formed from `raw = f_b(f_a x) + dt_bias`.
@@ -67,9 +67,15 @@ pub struct KdaState {
 
 impl Kda {
     pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Kda> {
-        let (h, heads, dim, kernel) = (cfg.hidden, cfg.kda.heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
+        let (h, heads, dim, kernel) = (
+            cfg.hidden,
+            cfg.kda.heads,
+            cfg.kda.head_dim,
+            cfg.kda.conv_kernel,
+        );
         let w = heads * dim;
-        let conv = |name: &str| ld.vector(&format!("self_attn.{name}_conv1d.weight"), &[w, 1, kernel]);
+        let conv =
+            |name: &str| ld.vector(&format!("self_attn.{name}_conv1d.weight"), &[w, 1, kernel]);
         let (a_log, decay, qk_norm, out_gate) = match cfg.family {
             Family::KimiK3 => {
                 // Stored [head_dim] with one real entry per head and zero padding (contract KDA step 5).
@@ -119,7 +125,10 @@ impl Kda {
     pub fn new_state(&self) -> KdaState {
         let w = self.heads * self.dim;
         let win = vec![0.0; w * (self.kernel - 1)];
-        KdaState { conv: [win.clone(), win.clone(), win], s: vec![0.0; self.heads * self.dim * self.dim] }
+        KdaState {
+            conv: [win.clone(), win.clone(), win],
+            s: vec![0.0; self.heads * self.dim * self.dim],
+        }
     }
 
     pub fn state_bytes(&self) -> usize {
@@ -131,7 +140,11 @@ impl Kda {
         let (heads, dim) = (self.heads, self.dim);
         let w = heads * dim;
         // 1. projections, 4. β, 5. decay logits, 7. output gate — all row-wise, so batched.
-        let mut qkv = [self.q.forward(x, n), self.k.forward(x, n), self.v.forward(x, n)];
+        let mut qkv = [
+            self.q.forward(x, n),
+            self.k.forward(x, n),
+            self.v.forward(x, n),
+        ];
         let beta: Vec<f32> = self.b.forward(x, n).into_iter().map(sigmoid).collect();
         let mut g = self.f_b.forward(&self.f_a.forward(x, n), n);
         for row in g.chunks_mut(w) {
@@ -139,7 +152,9 @@ impl Kda {
                 let hd = i / dim;
                 let raw = *v + self.dt_bias[i];
                 *v = match self.decay {
-                    DecayGate::LowerBoundSigmoid { lower } => lower * sigmoid(self.a_log[hd].exp() * raw),
+                    DecayGate::LowerBoundSigmoid { lower } => {
+                        lower * sigmoid(self.a_log[hd].exp() * raw)
+                    }
                     DecayGate::Softplus => -self.a_log[hd].exp() * softplus(raw),
                 };
             }
@@ -153,7 +168,11 @@ impl Kda {
         for t in 0..n {
             // 2. causal short conv over [x_{t−K+1} … x_t], then SiLU.
             for (c, proj) in qkv.iter_mut().enumerate() {
-                self.conv_step(&mut proj[t * w..(t + 1) * w], &self.conv[c], &mut st.conv[c]);
+                self.conv_step(
+                    &mut proj[t * w..(t + 1) * w],
+                    &self.conv[c],
+                    &mut st.conv[c],
+                );
             }
             // 3. per-head normalisation of q (with the 1/√K scale) and k.
             let scale = 1.0 / (dim as f32).sqrt();
@@ -168,9 +187,20 @@ impl Kda {
             let o_t = &mut out[t * w..(t + 1) * w];
             let step = |(hd, (s, o)): (usize, (&mut [f32], &mut [f32]))| {
                 let r = hd * dim..(hd + 1) * dim;
-                delta_rule(s, &q[r.clone()], &k[r.clone()], &v[r.clone()], &g_t[r], beta_t[hd], o);
+                delta_rule(
+                    s,
+                    &q[r.clone()],
+                    &k[r.clone()],
+                    &v[r.clone()],
+                    &g_t[r],
+                    beta_t[hd],
+                    o,
+                );
             };
-            let work = st.s.chunks_mut(dim * dim).zip(o_t.chunks_mut(dim)).enumerate();
+            let work =
+                st.s.chunks_mut(dim * dim)
+                    .zip(o_t.chunks_mut(dim))
+                    .enumerate();
             if heads * dim * dim >= 1 << 16 {
                 work.collect::<Vec<_>>().into_par_iter().for_each(step);
             } else {

@@ -41,7 +41,11 @@ impl KimiK3 {
             let ld = root.sub(&format!("layers.{l}."));
             let layer = (|| {
                 Ok(Layer {
-                    attn_res: ld.res_score("self_attention_res_norm.weight", "self_attention_res_proj.weight", h)?,
+                    attn_res: ld.res_score(
+                        "self_attention_res_norm.weight",
+                        "self_attention_res_proj.weight",
+                        h,
+                    )?,
                     input_norm: ld.vector("input_layernorm.weight", &[h])?,
                     attn: Attention::load(&ld, &cfg, l)?,
                     mlp_res: ld.res_score("mlp_res_norm.weight", "mlp_res_proj.weight", h)?,
@@ -52,9 +56,15 @@ impl KimiK3 {
             layers.push(context_layer(layer, l)?);
         }
         Ok(KimiK3 {
-            embed: Embedding { table: root.linear("embed_tokens.weight", v, h)? },
+            embed: Embedding {
+                table: root.linear("embed_tokens.weight", v, h)?,
+            },
             layers,
-            out_res: root.res_score("output_attn_res_norm.weight", "output_attn_res_proj.weight", h)?,
+            out_res: root.res_score(
+                "output_attn_res_norm.weight",
+                "output_attn_res_proj.weight",
+                h,
+            )?,
             norm: root.vector("norm.weight", &[h])?,
             lm_head: Loader::new(ck, "language_model.").linear("lm_head.weight", v, h)?,
             cfg,
@@ -65,17 +75,31 @@ impl KimiK3 {
         self.layers.iter().map(|l| l.attn.new_state()).collect()
     }
 
-    pub fn forward(&self, session: &mut Session, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
-        let block = self.cfg.attn_res_block.expect("K3 configs always carry attn_res_block_size");
-        let norm_rows = |x: &mut [f32], w: &[f32]| x.chunks_mut(hd).for_each(|r| rms_norm(r, w, eps));
+        let block = self
+            .cfg
+            .attn_res_block
+            .expect("K3 configs always carry attn_res_block_size");
+        let norm_rows =
+            |x: &mut [f32], w: &[f32]| x.chunks_mut(hd).for_each(|r| rms_norm(r, w, eps));
 
         // Embedding: h = E[token]; the partial sum h and the block anchors are per position.
         let mut h = self.embed.lookup(tokens)?;
         let mut anchors: Vec<Vec<f32>> = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
             // 1. a = Mix([anchors…, h], w_attn), or h itself before the first anchor.
-            let mut a = if anchors.is_empty() { h.clone() } else { mix(&anchors, &h, &layer.attn_res, hd, eps) };
+            let mut a = if anchors.is_empty() {
+                h.clone()
+            } else {
+                mix(&anchors, &h, &layer.attn_res, hd, eps)
+            };
             // 2. a block boundary makes h an anchor and restarts the partial sum.
             let prefix = if l % block == 0 {
                 anchors.push(h);

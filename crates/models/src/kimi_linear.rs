@@ -44,7 +44,9 @@ impl KimiLinear {
             layers.push(context_layer(layer, l)?);
         }
         Ok(KimiLinear {
-            embed: Embedding { table: root.linear("embed_tokens.weight", v, h)? },
+            embed: Embedding {
+                table: root.linear("embed_tokens.weight", v, h)?,
+            },
             layers,
             norm: root.vector("norm.weight", &[h])?,
             lm_head: Loader::new(ck, "").linear("lm_head.weight", v, h)?,
@@ -56,7 +58,13 @@ impl KimiLinear {
         self.layers.iter().map(|l| l.attn.new_state()).collect()
     }
 
-    pub fn forward(&self, session: &mut Session, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let normed = |x: &[f32], w: &[f32]| {
             let mut y = x.to_vec();
@@ -66,9 +74,14 @@ impl KimiLinear {
         let mut h = self.embed.lookup(tokens)?;
         for (l, layer) in self.layers.iter().enumerate() {
             // h += Attn(RMS(h)); h += MLP(RMS(h)).
-            let o = layer.attn.forward(&normed(&h, &layer.input_norm), n, &mut session.layers[l]);
+            let o = layer
+                .attn
+                .forward(&normed(&h, &layer.input_norm), n, &mut session.layers[l]);
             h.iter_mut().zip(&o).for_each(|(h, o)| *h += o);
-            let y = context_layer(layer.ffn.forward(&normed(&h, &layer.post_norm), n, stats), l)?;
+            let y = context_layer(
+                layer.ffn.forward(&normed(&h, &layer.post_norm), n, stats),
+                l,
+            )?;
             h.iter_mut().zip(&y).for_each(|(h, y)| *h += y);
         }
         let f = rows.select(&mut h, hd);

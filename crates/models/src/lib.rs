@@ -27,7 +27,7 @@ pub enum LogitRows {
 }
 
 impl LogitRows {
-    fn select<'a>(self, h: &'a mut [f32], hd: usize) -> &'a mut [f32] {
+    fn select(self, h: &mut [f32], hd: usize) -> &mut [f32] {
         match self {
             LogitRows::All => h,
             LogitRows::Last => {
@@ -79,7 +79,13 @@ impl Model {
 
     /// Runs `tokens` after the session's history (prefill, one decode step, or anything between: the same
     /// code path) and returns logits `[rows, vocab]`.
-    pub fn forward(&self, session: &mut Session, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             bail!("a forward pass needs at least one token");
         }

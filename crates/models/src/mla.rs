@@ -13,7 +13,11 @@ use rayon::prelude::*;
 /// Where the queries come from.
 pub enum QueryPath {
     /// K3: `q_b(RMS(q_a x))`.
-    LowRank { a: Linear, norm: Vec<f32>, b: Linear },
+    LowRank {
+        a: Linear,
+        norm: Vec<f32>,
+        b: Linear,
+    },
     /// Kimi Linear: `q_proj x`.
     Direct(Linear),
 }
@@ -51,18 +55,28 @@ impl LatentCache {
 impl Mla {
     pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Mla> {
         let m = &cfg.mla;
-        let (h, heads, nope, rope, v, kv_lora) =
-            (cfg.hidden, m.heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+        let (h, heads, nope, rope, v, kv_lora) = (
+            cfg.hidden,
+            m.heads,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        );
         let q = match m.q_lora_rank {
             Some(r) => QueryPath::LowRank {
                 a: ld.linear("self_attn.q_a_proj.weight", r, h)?,
                 norm: ld.vector("self_attn.q_a_layernorm.weight", &[r])?,
                 b: ld.linear("self_attn.q_b_proj.weight", heads * (nope + rope), r)?,
             },
-            None => QueryPath::Direct(ld.linear("self_attn.q_proj.weight", heads * (nope + rope), h)?),
+            None => {
+                QueryPath::Direct(ld.linear("self_attn.q_proj.weight", heads * (nope + rope), h)?)
+            }
         };
         let gate = match cfg.family {
-            deltafin_formats::config::Family::KimiK3 => Some(ld.linear("self_attn.g_proj.weight", heads * v, h)?),
+            deltafin_formats::config::Family::KimiK3 => {
+                Some(ld.linear("self_attn.g_proj.weight", heads * v, h)?)
+            }
             deltafin_formats::config::Family::KimiLinear => None,
         };
         Ok(Mla {

@@ -111,14 +111,22 @@ impl Moe {
         Ok(Moe {
             router: Router {
                 gate: ld.linear("block_sparse_moe.gate.weight", m.num_experts, h)?,
-                bias: ld.vector("block_sparse_moe.gate.e_score_correction_bias", &[m.num_experts])?,
+                bias: ld.vector(
+                    "block_sparse_moe.gate.e_score_correction_bias",
+                    &[m.num_experts],
+                )?,
                 top_k: m.top_k,
                 renormalize: m.renormalize,
                 scale: m.routed_scaling_factor,
             },
             latent,
             experts,
-            shared: Mlp::load(&ld.sub("block_sparse_moe.shared_experts."), h, m.shared_width, act)?,
+            shared: Mlp::load(
+                &ld.sub("block_sparse_moe.shared_experts."),
+                h,
+                m.shared_width,
+                act,
+            )?,
             eps: cfg.rms_norm_eps,
         })
     }
@@ -153,9 +161,16 @@ impl Moe {
         let mut acc = vec![0.0f32; n * width];
         for (e, rows, y) in &outputs {
             for (j, &t) in rows.iter().enumerate() {
-                let slot = routes[t].ids.iter().position(|id| id == e).expect("row chose this expert");
+                let slot = routes[t]
+                    .ids
+                    .iter()
+                    .position(|id| id == e)
+                    .expect("row chose this expert");
                 let w = routes[t].weights[slot];
-                for (a, v) in acc[t * width..(t + 1) * width].iter_mut().zip(&y[j * width..(j + 1) * width]) {
+                for (a, v) in acc[t * width..(t + 1) * width]
+                    .iter_mut()
+                    .zip(&y[j * width..(j + 1) * width])
+                {
                     *a += w * v;
                 }
             }
@@ -173,7 +188,7 @@ impl Moe {
         // 5. + shared experts.
         let mut out = self.shared.forward(x, n);
         for (o, r) in out.iter_mut().zip(&routed) {
-            *o = r + *o;
+            *o += r;
         }
         Ok(out)
     }

@@ -94,11 +94,20 @@ mod tests {
     #[test]
     fn situ_matches_its_definition_at_hand_picked_points() {
         // gate' = 4·tanh(g/4)·σ(g), up' = 25·tanh(u/25), evaluated independently in f64.
-        for &(g, u) in &[(0.0f32, 1.0f32), (1.0, 1.0), (-3.0, 2.0), (8.0, -40.0), (100.0, 100.0)] {
+        for &(g, u) in &[
+            (0.0f32, 1.0f32),
+            (1.0, 1.0),
+            (-3.0, 2.0),
+            (8.0, -40.0),
+            (100.0, 100.0),
+        ] {
             let (gd, ud) = (g as f64, u as f64);
             let want = 4.0 * (gd / 4.0).tanh() / (1.0 + (-gd).exp()) * 25.0 * (ud / 25.0).tanh();
             let got = situ(g, u) as f64;
-            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "situ({g},{u}) = {got}, want {want}");
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "situ({g},{u}) = {got}, want {want}"
+            );
         }
         // Saturation: SiTU is bounded (unlike SiLU·up), which is the point of it.
         assert!(situ(1e4, 1e4).abs() <= 100.0 + 1e-3);

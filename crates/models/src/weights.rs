@@ -17,7 +17,11 @@ pub struct Linear {
 
 impl Linear {
     pub fn matrix(&self) -> Matrix<'_> {
-        Matrix::Bf16 { data: &self.data, rows: self.rows, cols: self.cols }
+        Matrix::Bf16 {
+            data: &self.data,
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 
     /// `y = W x` for `n` rows of x.
@@ -40,11 +44,17 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     pub fn new(ck: &'a Checkpoint, prefix: impl Into<String>) -> Self {
-        Loader { ck, prefix: prefix.into() }
+        Loader {
+            ck,
+            prefix: prefix.into(),
+        }
     }
 
     pub fn sub(&self, more: &str) -> Loader<'a> {
-        Loader { ck: self.ck, prefix: format!("{}{more}", self.prefix) }
+        Loader {
+            ck: self.ck,
+            prefix: format!("{}{more}", self.prefix),
+        }
     }
 
     pub fn name(&self, name: &str) -> String {
@@ -53,12 +63,17 @@ impl<'a> Loader<'a> {
 
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let full = self.name(name);
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             bail!("tensor `{full}` has input width {cols}; deltafin's kernels need widths that are multiples of 32");
         }
         let info = self.ck.expect(&full, &[Dtype::Bf16], &[rows, cols])?;
         let bytes = self.ck.read(info)?;
-        Ok(Linear { name: full, data: u16s(&bytes), rows, cols })
+        Ok(Linear {
+            name: full,
+            data: u16s(&bytes),
+            rows,
+            cols,
+        })
     }
 
     /// A BF16 or F32 tensor of the given shape, widened to f32.
@@ -68,7 +83,10 @@ impl<'a> Loader<'a> {
         let bytes = self.ck.read(info)?;
         let v: Vec<f32> = match info.dtype {
             Dtype::Bf16 => u16s(&bytes).into_iter().map(bf16_to_f32).collect(),
-            _ => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         };
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             bail!("tensor `{full}` holds a non-finite value at element {i}; the checkpoint is damaged");
@@ -85,7 +103,10 @@ impl<'a> Loader<'a> {
 }
 
 pub fn u16s(bytes: &[u8]) -> Vec<u16> {
-    bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+    bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
 }
 
 /// The embedding table, kept in BF16 and widened one row at a time.
@@ -100,9 +121,16 @@ impl Embedding {
         for &t in tokens {
             let t = t as usize;
             if t >= self.table.rows {
-                bail!("token id {t} is outside the vocabulary (size {})", self.table.rows);
+                bail!(
+                    "token id {t} is outside the vocabulary (size {})",
+                    self.table.rows
+                );
             }
-            out.extend(self.table.data[t * h..(t + 1) * h].iter().map(|&b| bf16_to_f32(b)));
+            out.extend(
+                self.table.data[t * h..(t + 1) * h]
+                    .iter()
+                    .map(|&b| bf16_to_f32(b)),
+            );
         }
         Ok(out)
     }

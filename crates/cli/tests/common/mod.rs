@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 pub fn bin() -> Command {
@@ -37,11 +40,20 @@ pub fn run_dump(model: &Path, prompt: &[u32], max_new: usize, extra: &[&str]) ->
         .arg(model)
         .arg("--prompt-ids")
         .arg(ids.join(","))
-        .args(["--max-new", &max_new.to_string(), "--ignore-eos", "--dump-logits"])
+        .args([
+            "--max-new",
+            &max_new.to_string(),
+            "--ignore-eos",
+            "--dump-logits",
+        ])
         .arg(&npy_path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "deltafin run failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "deltafin run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     npy::read(&npy_path).unwrap()
 }
 
@@ -58,8 +70,15 @@ pub fn argmax(row: &[f64]) -> u32 {
 
 /// python3 with numpy, or a failure that says how to get it (never a silent skip).
 pub fn python() -> Command {
-    let ok = Command::new("python3").args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
-    assert!(ok, "these tests need python3 with numpy: run `python3 -m pip install numpy` (./test.sh does)");
+    let ok = Command::new("python3")
+        .args(["-c", "import numpy"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "these tests need python3 with numpy: run `python3 -m pip install numpy` (./test.sh does)"
+    );
     Command::new("python3")
 }
 
@@ -76,14 +95,25 @@ pub fn reference_logits(model: &Path, ids: &[u32]) -> Array2 {
         .arg(&out_path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "reference failed: {}", String::from_utf8_lossy(&out.stderr));
-    eprintln!("reference routing margins:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "reference failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "reference routing margins:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     npy::read(&out_path).unwrap()
 }
 
 /// max |a − b| / max |b| over one row.
 pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
-    let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
     let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max);
     err / scale
 }
