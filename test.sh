@@ -7,5 +7,9 @@ cd "$(dirname "$0")"
 if ! python3 -c "import numpy" 2>/dev/null; then
   python3 -m pip install --quiet numpy
 fi
+# The server's client test drives it with the official OpenAI Python SDK.
+if ! python3 -c "import openai" 2>/dev/null; then
+  python3 -m pip install --quiet openai
+fi
 
 cargo test --workspace --release --locked "$@"

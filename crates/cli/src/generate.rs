@@ -4,15 +4,15 @@ use crate::GenArgs;
 use anyhow::{bail, Context, Result};
 use deltafin_engine::{generate, Flow, Request, SamplingParams};
 use deltafin_formats::npy;
-use deltafin_models::{Model, Stats};
+use deltafin_models::{LoadOptions, Model, Stats};
 use deltafin_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-pub fn run(dir: &Path, args: &GenArgs) -> Result<()> {
+pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let t_load = Instant::now();
-    let model = Model::load(dir)?;
+    let model = Model::load_with(dir, load)?;
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     let tokenizer = if dir.join("tiktoken.model").exists() {
@@ -92,26 +92,10 @@ pub fn run(dir: &Path, args: &GenArgs) -> Result<()> {
     }
     if let Some(path) = &args.dump_logits {
         // Prompt rows, then row P+j = the logits that chose generated[j] (row P repeats the last prompt row).
-        let mut rows = output.prompt_logits.unwrap_or_default();
+        let mut rows = output.prompt_logits.clone().unwrap_or_default();
         rows.extend_from_slice(&chosen_logits);
         npy::write_f32(path, rows.len() / vocab, vocab, &rows)?;
     }
-    // Decode passes: one per generated token after the first (the first comes from the prefill's logits).
-    let steps = output.tokens.len().saturating_sub(1);
-    let n_prompt = req.prompt.len();
-    eprintln!(
-        "[stats] load {:.2}s | prefill {} tok in {:.3}s ({:.1} tok/s) | decode {} tok in {:.3}s ({:.2} tok/s) | expert reads {} ({:.1} MB, {:.3}s in reads) | kernels {}",
-        load_secs,
-        n_prompt,
-        output.prefill_secs,
-        n_prompt as f64 / output.prefill_secs,
-        output.tokens.len(),
-        output.decode_secs,
-        steps as f64 / output.decode_secs.max(1e-9),
-        stats.reads(),
-        stats.bytes() as f64 / 1e6,
-        stats.read_secs(),
-        deltafin_kernels::isa(),
-    );
+    eprintln!("{}", crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs));
     Ok(())
 }

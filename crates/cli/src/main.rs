@@ -1,6 +1,10 @@
 //! `deltafin`: run mixture-of-experts models far larger than memory, exactly.
 
+mod bench;
 mod generate;
+mod report;
+mod store_args;
+mod store_cmds;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -29,6 +33,14 @@ enum Command {
     Demo(DemoArgs),
     /// Write a seeded random checkpoint in the exact Kimi K3 / Kimi Linear on-disk layout.
     MakeModel(MakeModelArgs),
+    /// Build an expert pack: one aligned record per expert, striped over one directory per drive.
+    Pack(store_cmds::PackArgs),
+    /// Measure a drive's read bandwidth through deltafin's own read path.
+    DiskProbe(store_cmds::DiskProbeArgs),
+    /// Decode benchmark on an I/O-shaped K3 (about 10 GB, created once): tok/s, bytes, hit rate, efficiency.
+    Bench(bench::BenchArgs),
+    /// OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+    Serve(deltafin_server::ServeArgs),
 }
 
 #[derive(Args)]
@@ -38,6 +50,8 @@ struct RunArgs {
     model: PathBuf,
     #[command(flatten)]
     gen: GenArgs,
+    #[command(flatten)]
+    store: store_args::StoreArgs,
 }
 
 #[derive(Args)]
@@ -116,7 +130,11 @@ fn run(cli: Cli) -> Result<()> {
             .build_global()?;
     }
     match cli.command {
-        Command::Run(a) => generate::run(&a.model, &a.gen),
+        Command::Run(a) => generate::run(&a.model, &a.gen, &a.store.load_options()?),
+        Command::Pack(a) => store_cmds::pack(a),
+        Command::DiskProbe(a) => store_cmds::disk_probe(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Serve(a) => deltafin_server::run(a),
         Command::Demo(a) => demo(a),
         Command::MakeModel(a) => {
             if a.out.join("config.json").exists() {
@@ -155,7 +173,7 @@ fn demo(a: DemoArgs) -> Result<()> {
         dump_logits: None,
         print_ids: false,
     };
-    generate::run(&dir, &gen)
+    generate::run(&dir, &gen, &store_args::StoreArgs::default().load_options()?)
 }
 
 fn default_cache_dir() -> Result<PathBuf> {

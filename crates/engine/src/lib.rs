@@ -1,12 +1,25 @@
-//! The generation loop over a loaded model: prefill the prompt in one pass, then one token per pass, choosing
-//! each token with a [`Sampler`]. Sampling only picks among the logits — it never changes which experts run.
+//! The generation loop over a loaded model: prefill the prompt, then one token per pass, choosing each token
+//! with a [`Sampler`]. Sampling only picks among the logits — it never changes which experts run.
+//!
+//! Serving builds on it: [`Generation`] (one request as a step machine), [`Scheduler`] (a worker thread that
+//! interleaves requests fairly, with a bounded queue and cancellation), [`PrefixCache`] (exact reuse of the
+//! state of an earlier prompt), [`logprobs`] and [`StopMatcher`] (stop strings across token boundaries).
 
+pub mod generation;
+pub mod logprobs;
+pub mod prefix_cache;
 pub mod sampler;
+pub mod scheduler;
+pub mod stop;
 
-use anyhow::{bail, Result};
-use deltafin_models::{LogitRows, Model, Session, Stats};
+use anyhow::Result;
+use deltafin_models::{Model, Session, Stats};
+pub use generation::{Generation, Resume};
+pub use logprobs::{logprobs, TokenLogprob};
+pub use prefix_cache::{session_bytes, PrefixCache};
 pub use sampler::{Sampler, SamplingParams};
-use std::time::Instant;
+pub use scheduler::{Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
+pub use stop::{StopMatcher, Utf8Stream};
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -65,49 +78,30 @@ pub fn generate_in(
     stats: &Stats,
     mut on_token: impl FnMut(u32, &[f32]) -> Flow,
 ) -> Result<Output> {
-    let vocab = model.config().vocab_size;
-    if req.prompt.is_empty() {
-        bail!("the prompt is empty; give at least one token");
-    }
-    if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
-        bail!("prompt token id {bad} is outside the vocabulary (size {vocab})");
-    }
-    let mut sampler = Sampler::new(req.sampling.clone(), vocab)?;
-    let rows = if req.prompt_logits {
-        LogitRows::All
-    } else {
-        LogitRows::Last
+    let taken = std::mem::replace(
+        session,
+        Session {
+            layers: Vec::new(),
+            pos: 0,
+        },
+    );
+    let mut gen = Generation::continuing(model, req, taken)?;
+    let result = loop {
+        match gen.step(model, stats, usize::MAX, &mut on_token) {
+            Ok(Some(finish)) => break Ok(finish),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
     };
-    let t0 = Instant::now();
-    let logits = model.forward(session, &req.prompt, rows, stats)?;
-    let prefill_secs = t0.elapsed().as_secs_f64();
-    let mut last = logits[logits.len() - vocab..].to_vec();
-    let prompt_logits = req.prompt_logits.then_some(logits);
-
-    let t1 = Instant::now();
-    let mut tokens = Vec::new();
-    let finish = loop {
-        if tokens.len() == req.max_new {
-            break FinishReason::Length;
-        }
-        let next = sampler.pick(&last);
-        tokens.push(next);
-        if on_token(next, &last) == Flow::Stop {
-            break FinishReason::Caller;
-        }
-        if req.stop_ids.contains(&next) {
-            break FinishReason::StopToken;
-        }
-        if tokens.len() == req.max_new {
-            break FinishReason::Length;
-        }
-        last = model.forward(session, &[next], LogitRows::Last, stats)?;
-    };
+    let prompt_logits = gen.take_prompt_logits();
+    let tokens = gen.tokens().to_vec();
+    let (prefill_secs, decode_secs) = (gen.prefill_secs(), gen.decode_secs());
+    *session = gen.into_session();
     Ok(Output {
         tokens,
         prompt_logits,
-        finish,
+        finish: result?,
         prefill_secs,
-        decode_secs: t1.elapsed().as_secs_f64(),
+        decode_secs,
     })
 }

@@ -16,6 +16,28 @@ use crate::Dtype;
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
+/// A tensor's name, dtype and shape: enough to lay out a file before its bytes exist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    pub fn new(name: impl Into<String>, dtype: Dtype, shape: &[usize]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size()
+    }
+}
+
 /// One tensor with its little-endian, row-major bytes.
 #[derive(Clone, Debug)]
 pub struct Tensor {
@@ -48,6 +70,10 @@ impl Tensor {
             data,
         })
     }
+
+    pub fn spec(&self) -> TensorSpec {
+        TensorSpec::new(self.name.clone(), self.dtype, &self.shape)
+    }
 }
 
 /// How `ShardedWriter::finish` cuts the tensors into shards.
@@ -67,12 +93,12 @@ pub struct ShardedSummary {
     pub shards: usize,
 }
 
-/// Collects tensors in order, then writes them as shards and an index. A group of tensors added together
-/// is never split across shards and stays contiguous in the order given. Everything is buffered until
-/// `finish` because the shard count (the `MM` in each file name) is only known once all sizes are.
+/// Collects tensor specs in order, then writes them as shards and an index, asking for each tensor's bytes
+/// only when its turn comes (so a 10 GB checkpoint never sits in memory). A group of tensors added together
+/// is never split across shards and stays contiguous in the order given.
 pub struct ShardedWriter {
     dir: PathBuf,
-    groups: Vec<Vec<Tensor>>,
+    groups: Vec<Vec<TensorSpec>>,
 }
 
 impl ShardedWriter {
@@ -83,21 +109,26 @@ impl ShardedWriter {
         }
     }
 
-    pub fn add(&mut self, tensor: Tensor) {
+    pub fn add(&mut self, tensor: TensorSpec) {
         self.groups.push(vec![tensor]);
     }
 
     /// Adds tensors that must end up adjacent, in this order, in one shard.
-    pub fn add_group(&mut self, group: Vec<Tensor>) {
+    pub fn add_group(&mut self, group: Vec<TensorSpec>) {
         if !group.is_empty() {
             self.groups.push(group);
         }
     }
 
-    /// Writes the shards, then the index. Each file is written under a temporary name and renamed into
-    /// place; an index left by an earlier run is removed first and the new one is written last, so an
-    /// interrupted run never leaves an index that names a missing or partial shard.
-    pub fn finish(self, limit: ShardLimit) -> Result<ShardedSummary> {
+    /// Writes the shards, then the index; `data` is called once per tensor, in the order added, for its bytes.
+    /// Each file is written under a temporary name and renamed into place; an index left by an earlier run is
+    /// removed first and the new one is written last, so an interrupted run never leaves an index that names a
+    /// missing or partial shard.
+    pub fn finish(
+        self,
+        limit: ShardLimit,
+        mut data: impl FnMut(&TensorSpec) -> Result<Vec<u8>>,
+    ) -> Result<ShardedSummary> {
         let mut seen = std::collections::HashSet::new();
         for tensor in self.groups.iter().flatten() {
             ensure!(
@@ -124,11 +155,11 @@ impl ShardedWriter {
         let mut shard_names = Vec::with_capacity(shards.len());
         for (i, shard) in shards.iter().enumerate() {
             let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
-            let members: Vec<&Tensor> = shard.iter().flat_map(|g| g.iter()).collect();
-            write_safetensors(&self.dir.join(&file), &members)?;
+            let members: Vec<&TensorSpec> = shard.iter().flat_map(|g| g.iter()).collect();
+            write_safetensors(&self.dir.join(&file), &members, &mut data)?;
             for t in &members {
                 weight_map.insert(t.name.clone(), serde_json::Value::from(file.clone()));
-                payload_bytes += t.data.len() as u64;
+                payload_bytes += t.nbytes() as u64;
             }
             tensors += members.len();
             shard_names.push(file);
@@ -138,7 +169,7 @@ impl ShardedWriter {
             "weight_map": weight_map,
         });
         let index = serde_json::to_string_pretty(&index)?;
-        write_atomically(&index_path, |file| file.write_all(index.as_bytes()))?;
+        write_atomically(&index_path, |file| Ok(file.write_all(index.as_bytes())?))?;
         remove_stale_shards(&self.dir, &shard_names)?;
         Ok(ShardedSummary {
             tensors,
@@ -150,14 +181,18 @@ impl ShardedWriter {
 
 /// Writes one unsharded `model.safetensors`-style file, tensors in the order given.
 pub fn write_single(path: &Path, tensors: &[Tensor]) -> Result<()> {
-    write_safetensors(path, &tensors.iter().collect::<Vec<_>>())
+    let specs: Vec<TensorSpec> = tensors.iter().map(Tensor::spec).collect();
+    let mut next = tensors.iter();
+    write_safetensors(path, &specs.iter().collect::<Vec<_>>(), &mut |_| {
+        Ok(next.next().expect("one call per tensor").data.clone())
+    })
 }
 
 /// Assigns whole groups to shards, keeping their order.
-fn plan_shards(groups: &[Vec<Tensor>], limit: ShardLimit) -> Vec<&[Vec<Tensor>]> {
+fn plan_shards(groups: &[Vec<TensorSpec>], limit: ShardLimit) -> Vec<&[Vec<TensorSpec>]> {
     let sizes: Vec<u64> = groups
         .iter()
-        .map(|g| g.iter().map(|t| t.data.len() as u64).sum())
+        .map(|g| g.iter().map(|t| t.nbytes() as u64).sum())
         .collect();
     let total: u64 = sizes.iter().sum();
     // The shard each group starts in; a new shard starts wherever this index changes.
@@ -197,11 +232,15 @@ fn plan_shards(groups: &[Vec<Tensor>], limit: ShardLimit) -> Vec<&[Vec<Tensor>]>
 
 /// Writes one safetensors file: u64 header length, the JSON header (padded with spaces to a multiple
 /// of 8 so the data starts aligned), then the tensors' data back to back in the order given.
-fn write_safetensors(path: &Path, tensors: &[&Tensor]) -> Result<()> {
+fn write_safetensors(
+    path: &Path,
+    tensors: &[&TensorSpec],
+    data: &mut dyn FnMut(&TensorSpec) -> Result<Vec<u8>>,
+) -> Result<()> {
     let mut header = String::from(r#"{"__metadata__":{"format":"pt"}"#);
     let mut offset = 0usize;
     for t in tensors {
-        let end = offset + t.data.len();
+        let end = offset + t.nbytes();
         header.push_str(&format!(
             r#",{}:{{"dtype":"{}","shape":{},"data_offsets":[{offset},{end}]}}"#,
             serde_json::Value::from(t.name.as_str()),
@@ -217,7 +256,20 @@ fn write_safetensors(path: &Path, tensors: &[&Tensor]) -> Result<()> {
     write_atomically(path, |file| {
         file.write_all(&(header.len() as u64).to_le_bytes())?;
         file.write_all(header.as_bytes())?;
-        tensors.iter().try_for_each(|t| file.write_all(&t.data))
+        for t in tensors {
+            let bytes = data(t)?;
+            ensure!(
+                bytes.len() == t.nbytes(),
+                "tensor {}: {} bytes given, but {} {:?} needs {}",
+                t.name,
+                bytes.len(),
+                t.dtype.name(),
+                t.shape,
+                t.nbytes()
+            );
+            file.write_all(&bytes)?;
+        }
+        Ok(())
     })
 }
 
@@ -225,17 +277,17 @@ fn write_safetensors(path: &Path, tensors: &[&Tensor]) -> Result<()> {
 /// over `path`, so `path` is either absent, the old file, or the complete new one.
 fn write_atomically(
     path: &Path,
-    write: impl FnOnce(&mut BufWriter<fs::File>) -> std::io::Result<()>,
+    write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<()>,
 ) -> Result<()> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         bail!("{} is not a file path", path.display());
     };
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let result = (|| -> std::io::Result<()> {
+    let result = (|| -> Result<()> {
         let mut file = BufWriter::new(fs::File::create(&tmp)?);
         write(&mut file)?;
         file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        fs::rename(&tmp, path)
+        Ok(fs::rename(&tmp, path)?)
     })();
     result
         .with_context(|| format!("writing {}", path.display()))
@@ -293,6 +345,11 @@ mod tests {
             .collect()
     }
 
+    /// The data source `finish` asks: each tensor's bytes by name.
+    fn bytes_of(all: &[Tensor]) -> impl FnMut(&TensorSpec) -> Result<Vec<u8>> + '_ {
+        |s| Ok(all.iter().find(|t| t.name == s.name).unwrap().data.clone())
+    }
+
     fn read(path: &Path) -> Vec<u8> {
         fs::read(path).unwrap()
     }
@@ -340,15 +397,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut writer = ShardedWriter::new(dir.path());
         let mut all = vec![tensor("embed", Dtype::Bf16, &[4, 16], 9)];
-        writer.add(all[0].clone());
+        writer.add(all[0].spec());
         for e in 0..5 {
             let group = expert(e);
             all.extend(group.iter().cloned());
-            writer.add_group(group);
+            writer.add_group(group.iter().map(Tensor::spec).collect());
         }
         // One expert is 3 * (128 + 8) = 408 bytes, the embedding 128: a 500-byte limit puts each in a
         // shard of its own, so a greedy writer that split groups would show here.
-        let summary = writer.finish(ShardLimit::MaxBytes(500)).unwrap();
+        let summary = writer
+            .finish(ShardLimit::MaxBytes(500), bytes_of(&all))
+            .unwrap();
         assert_eq!(summary.tensors, all.len());
         assert_eq!(summary.shards, 6);
         assert_eq!(
@@ -399,8 +458,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let write = |count| {
             let mut writer = ShardedWriter::new(dir.path());
-            (0..9).for_each(|e| writer.add_group(expert(e)));
-            writer.finish(ShardLimit::Count(count)).unwrap()
+            let all: Vec<Tensor> = (0..9).flat_map(expert).collect();
+            (0..9).for_each(|e| writer.add_group(expert(e).iter().map(Tensor::spec).collect()));
+            writer
+                .finish(ShardLimit::Count(count), bytes_of(&all))
+                .unwrap()
         };
         assert_eq!(write(4).shards, 4);
         assert_eq!(write(3).shards, 3);
@@ -433,9 +495,19 @@ mod tests {
         assert!(Tensor::new("x", Dtype::Bf16, &[2, 2], vec![0; 6]).is_err());
         let dir = tempfile::tempdir().unwrap();
         let mut writer = ShardedWriter::new(dir.path());
-        writer.add(tensor("x", Dtype::U8, &[1], 0));
-        writer.add(tensor("x", Dtype::U8, &[1], 0));
-        assert!(writer.finish(ShardLimit::Count(1)).is_err());
+        writer.add(TensorSpec::new("x", Dtype::U8, &[1]));
+        writer.add(TensorSpec::new("x", Dtype::U8, &[1]));
+        assert!(writer
+            .finish(ShardLimit::Count(1), |_| Ok(vec![0]))
+            .is_err());
+        assert!(!dir.path().join(INDEX_FILE).exists());
+        // A data source that returns the wrong number of bytes fails the write; no index appears.
+        let mut writer = ShardedWriter::new(dir.path());
+        writer.add(TensorSpec::new("y", Dtype::Bf16, &[2]));
+        let err = writer
+            .finish(ShardLimit::Count(1), |_| Ok(vec![0; 3]))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("3 bytes given"), "{err:#}");
         assert!(!dir.path().join(INDEX_FILE).exists());
     }
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{bail, ensure, Context, Result};
-use deltafin_formats::writer::{ShardLimit, ShardedWriter, Tensor};
+use deltafin_formats::writer::{ShardLimit, ShardedWriter, TensorSpec};
 use deltafin_tokenizer::K3_NUM_SPECIALS;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -42,6 +42,9 @@ impl FromStr for Arch {
 pub enum Preset {
     Tiny,
     Small,
+    /// I/O-shaped K3 for `deltafin bench`: real 17,547,264-byte expert records with top-16 routing, 6 MoE
+    /// layers of 96 experts (about 10 GB), a narrow spine.
+    Bench,
 }
 
 impl FromStr for Preset {
@@ -50,7 +53,8 @@ impl FromStr for Preset {
         match s {
             "tiny" => Ok(Preset::Tiny),
             "small" => Ok(Preset::Small),
-            _ => bail!("unknown preset {s:?}: expected one of tiny, small"),
+            "bench" => Ok(Preset::Bench),
+            _ => bail!("unknown preset {s:?}: expected one of tiny, small, bench"),
         }
     }
 }
@@ -199,6 +203,32 @@ fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
                 attn_res_block_size: 4,
             },
         ),
+        Preset::Bench => (
+            Dims {
+                hidden: 512,
+                layers: 7,
+                full_attn_layers: &[4, 7],
+                linear_heads: 2,
+                linear_head_dim: 64,
+                mla_heads: 2,
+                kv_lora_rank: 64,
+                qk_nope: 32,
+                qk_rope: 32,
+                v_head: 32,
+                intermediate: 1024,
+                experts: 96,
+                experts_per_token: 16,
+                // K3's real expert shapes: 3584 → 3072 → 3584, one 17,547,264-byte record.
+                moe_intermediate: 3072,
+                shared_experts: 2,
+                n_ranks: 4096,
+            },
+            K3Dims {
+                q_lora_rank: 64,
+                latent: 3584,
+                attn_res_block_size: 2,
+            },
+        ),
     }
 }
 
@@ -240,6 +270,7 @@ fn kimi_linear_dims(preset: Preset) -> Dims {
             shared_experts: 1,
             n_ranks: 4096,
         },
+        Preset::Bench => unreachable!("make_model rejects kimi_linear bench before sizing it"),
     }
 }
 
@@ -363,6 +394,9 @@ pub fn make_model(arch: Arch, preset: Preset, seed: u64, out: &Path) -> Result<S
             let (config, layout) = (k3_config(&d, &k), Layout::kimi_k3(&d, &k));
             (d, config, layout)
         }
+        Arch::KimiLinear if preset == Preset::Bench => {
+            bail!("the bench preset exists for kimi_k3 only")
+        }
         Arch::KimiLinear => {
             let d = kimi_linear_dims(preset);
             let (config, layout) = (kimi_linear_config(&d), Layout::kimi_linear(&d));
@@ -386,26 +420,38 @@ pub fn make_model(arch: Arch, preset: Preset, seed: u64, out: &Path) -> Result<S
     write_json(&out.join("generation_config.json"), &generation)?;
     deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")?;
 
-    // One stream, drawn in file order on one thread: the bytes depend on the seed alone.
+    // One stream, drawn in file order on one thread: the bytes depend on the seed alone. The writer asks for
+    // each tensor's bytes when it writes it, so nothing larger than one tensor is held in memory.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut writer = ShardedWriter::new(out);
+    let mut inits = std::collections::HashMap::new();
     let mut expert_bytes = 0u64;
     for group in layout.groups {
-        let mut tensors = Vec::with_capacity(group.len());
+        let mut specs = Vec::with_capacity(group.len());
         for s in group {
-            let data = fill::fill(&mut rng, s.init, s.dtype, s.shape.iter().product());
-            if s.name.contains(".experts.") {
-                expert_bytes += data.len() as u64;
+            let spec = TensorSpec::new(s.name, s.dtype, &s.shape);
+            if spec.name.contains(".experts.") {
+                expert_bytes += spec.nbytes() as u64;
             }
-            tensors.push(Tensor::new(s.name, s.dtype, &s.shape, data)?);
+            inits.insert(spec.name.clone(), s.init);
+            specs.push(spec);
         }
-        writer.add_group(tensors);
+        writer.add_group(specs);
     }
     let limit = match preset {
         Preset::Tiny => ShardLimit::Count(3),
         Preset::Small => ShardLimit::MaxBytes(64 << 20),
+        // Like the released shards: a few GB each.
+        Preset::Bench => ShardLimit::MaxBytes(2 << 30),
     };
-    let written = writer.finish(limit)?;
+    let written = writer.finish(limit, |spec| {
+        Ok(fill::fill(
+            &mut rng,
+            inits[&spec.name],
+            spec.dtype,
+            spec.shape.iter().product(),
+        ))
+    })?;
     Ok(Summary {
         tensors: written.tensors,
         bytes: written.payload_bytes,

@@ -1,14 +1,14 @@
 //! The per-layer building blocks both families share: which attention, which feed-forward, and their state.
 
-use crate::experts::{ExpertSet, Stats};
+use crate::experts::{ExpertLayout, ExpertSet, Stats};
 use crate::kda::{Kda, KdaState};
 use crate::mla::{LatentCache, Mla};
 use crate::moe::{Mlp, Moe};
 use crate::ops::Act;
 use crate::weights::Loader;
 use anyhow::Result;
-use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_store::ExpertStore;
 use std::sync::Arc;
 
 pub enum Attention {
@@ -55,10 +55,10 @@ pub enum FeedForward {
 
 impl FeedForward {
     pub fn load(
-        ck: &Arc<Checkpoint>,
         ld: &Loader,
         cfg: &ModelConfig,
         layer: usize,
+        experts: &ModelExperts,
     ) -> Result<FeedForward> {
         let act = match cfg.family {
             Family::KimiK3 => Act::Situ,
@@ -72,14 +72,33 @@ impl FeedForward {
                 act,
             )?)));
         }
-        let experts = ExpertSet::load(ck, &ld.name("block_sparse_moe."), layer, cfg)?;
-        Ok(FeedForward::Moe(Box::new(Moe::load(ld, cfg, experts)?)))
+        let set = ExpertSet::new(experts.store.clone(), layer, experts.layout.clone());
+        Ok(FeedForward::Moe(Box::new(Moe::load(ld, cfg, set)?)))
     }
 
-    pub fn forward(&self, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {
+    /// `next` is the following layer's feed-forward (its router drives the lookahead prefetch).
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        stats: &Stats,
+        next: Option<&FeedForward>,
+    ) -> Result<Vec<f32>> {
         match self {
             FeedForward::Dense(m) => Ok(m.forward(x, n)),
-            FeedForward::Moe(m) => m.forward(x, n, stats),
+            FeedForward::Moe(m) => {
+                let next = match next {
+                    Some(FeedForward::Moe(next)) => Some(&**next),
+                    _ => None,
+                };
+                m.forward(x, n, stats, next)
+            }
         }
     }
+}
+
+/// The routed experts of a whole model: where they are read from and the shape of one record.
+pub struct ModelExperts {
+    pub store: Arc<ExpertStore>,
+    pub layout: Arc<ExpertLayout>,
 }

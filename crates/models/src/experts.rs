@@ -1,37 +1,35 @@
-//! Routed experts stay on disk: at load only their locations are recorded, and an expert's bytes are read
-//! (one positioned read when its tensors are contiguous, as in K3's shards) when a row routes to it.
+//! Routed experts stay on disk. At load only their locations are recorded (in the checkpoint's shards, where
+//! an expert's tensors are one contiguous span, or in a pack); the store brings a record in when a row routes
+//! to it, and the FFN runs on those bytes in place.
 
 use crate::ops::Act;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_formats::Dtype;
 use deltafin_kernels::{matmul, Matrix};
+use deltafin_store::{ExpertStore, Extent, RecordLoc};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-/// What happened on the expert path (shared by parallel tasks).
+/// What the model consumed on the expert path (the store counts what the disk did).
 #[derive(Default)]
 pub struct Stats {
     pub expert_bytes: AtomicU64,
-    pub expert_reads: AtomicU64,
-    pub expert_read_ns: AtomicU64,
+    pub expert_uses: AtomicU64,
 }
 
 impl Stats {
+    /// Expert bytes the passes computed with (cached or read).
     pub fn bytes(&self) -> u64 {
         self.expert_bytes.load(Ordering::Relaxed)
     }
-    pub fn reads(&self) -> u64 {
-        self.expert_reads.load(Ordering::Relaxed)
-    }
-    pub fn read_secs(&self) -> f64 {
-        self.expert_read_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    pub fn uses(&self) -> u64 {
+        self.expert_uses.load(Ordering::Relaxed)
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Encoding {
     /// K3: w1/w2/w3 each as `weight_packed` + `weight_scale` (MXFP4, e8m0 per 32 inputs).
     Mxfp4,
@@ -39,41 +37,28 @@ enum Encoding {
     Bf16,
 }
 
-/// One contiguous file range of an expert.
-struct Extent {
-    shard: usize,
-    offset: u64,
-    len: usize,
-}
-
-struct Location {
-    extents: Vec<Extent>,
-}
-
-pub struct ExpertSet {
-    ck: Arc<Checkpoint>,
-    layer: usize,
+/// The shape of one expert record: its tensors in checkpoint order (w1, w2, w3; packed then scale for MXFP4).
+#[derive(Debug)]
+pub struct ExpertLayout {
     encoding: Encoding,
     act: Act,
-    /// Expert input/output width (K3: the latent; Kimi Linear: hidden) and intermediate width.
+    /// Input/output width (K3: the latent; Kimi Linear: hidden) and intermediate width.
     width: usize,
     inter: usize,
-    /// Offsets of each tensor inside the record, in file order (w1, w2, w3; packed then scale for MXFP4).
+    tensors: Vec<(String, Dtype, Vec<usize>)>,
+    /// (offset, length) of each tensor inside the record.
     parts: Vec<(usize, usize)>,
-    locations: Vec<Location>,
 }
 
-impl ExpertSet {
-    pub fn load(
-        ck: &Arc<Checkpoint>,
-        prefix: &str,
-        layer: usize,
-        cfg: &ModelConfig,
-    ) -> Result<ExpertSet> {
-        let m = &cfg.moe;
-        let inter = m.intermediate;
+impl ExpertLayout {
+    pub fn new(cfg: &ModelConfig) -> Result<ExpertLayout> {
+        let inter = cfg.moe.intermediate;
         let (encoding, act, width) = match cfg.family {
-            Family::KimiK3 => (Encoding::Mxfp4, Act::Situ, m.latent.unwrap_or(cfg.hidden)),
+            Family::KimiK3 => (
+                Encoding::Mxfp4,
+                Act::Situ,
+                cfg.moe.latent.unwrap_or(cfg.hidden),
+            ),
             Family::KimiLinear => (Encoding::Bf16, Act::SiluGlu, cfg.hidden),
         };
         if !width.is_multiple_of(32) || !inter.is_multiple_of(32) {
@@ -81,37 +66,33 @@ impl ExpertSet {
                 "expert widths {width} and {inter} must be multiples of 32 (the MXFP4 group size)"
             );
         }
-        // (name, dtype, shape) of each tensor of one expert, in the order K3 stores them.
+        let shapes = [
+            ("w1", inter, width),
+            ("w2", width, inter),
+            ("w3", inter, width),
+        ];
         let tensors: Vec<(String, Dtype, Vec<usize>)> = match encoding {
-            Encoding::Mxfp4 => [
-                ("w1", inter, width),
-                ("w2", width, inter),
-                ("w3", inter, width),
-            ]
-            .iter()
-            .flat_map(|&(w, rows, cols)| {
-                [
-                    (
-                        format!("{w}.weight_packed"),
-                        Dtype::U8,
-                        vec![rows, cols / 2],
-                    ),
-                    (
-                        format!("{w}.weight_scale"),
-                        Dtype::U8,
-                        vec![rows, cols / 32],
-                    ),
-                ]
-            })
-            .collect(),
-            Encoding::Bf16 => [
-                ("w1", inter, width),
-                ("w2", width, inter),
-                ("w3", inter, width),
-            ]
-            .iter()
-            .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
-            .collect(),
+            Encoding::Mxfp4 => shapes
+                .iter()
+                .flat_map(|&(w, rows, cols)| {
+                    [
+                        (
+                            format!("{w}.weight_packed"),
+                            Dtype::U8,
+                            vec![rows, cols / 2],
+                        ),
+                        (
+                            format!("{w}.weight_scale"),
+                            Dtype::U8,
+                            vec![rows, cols / 32],
+                        ),
+                    ]
+                })
+                .collect(),
+            Encoding::Bf16 => shapes
+                .iter()
+                .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
+                .collect(),
         };
         let mut parts = Vec::new();
         let mut at = 0;
@@ -120,73 +101,102 @@ impl ExpertSet {
             parts.push((at, len));
             at += len;
         }
-        let mut locations = Vec::with_capacity(m.num_experts);
-        for e in 0..m.num_experts {
-            let mut extents: Vec<Extent> = Vec::new();
-            for (name, dtype, shape) in &tensors {
-                let info = ck.expect(&format!("{prefix}experts.{e}.{name}"), &[*dtype], shape)?;
-                match extents.last_mut() {
-                    Some(last)
-                        if last.shard == info.shard
-                            && last.offset + last.len as u64 == info.offset =>
-                    {
-                        last.len += info.nbytes as usize
-                    }
-                    _ => extents.push(Extent {
-                        shard: info.shard,
-                        offset: info.offset,
-                        len: info.nbytes as usize,
-                    }),
-                }
-            }
-            locations.push(Location { extents });
-        }
-        Ok(ExpertSet {
-            ck: ck.clone(),
-            layer,
+        Ok(ExpertLayout {
             encoding,
             act,
             width,
             inter,
+            tensors,
             parts,
-            locations,
         })
     }
 
-    pub fn record_bytes(&self) -> usize {
+    pub fn record_len(&self) -> usize {
         self.parts.iter().map(|p| p.1).sum()
     }
 
-    /// Reads expert `e`'s record.
-    fn read(&self, e: usize, stats: &Stats) -> Result<Vec<u8>> {
-        let t0 = Instant::now();
-        let mut buf = vec![0u8; self.record_bytes()];
-        let mut at = 0;
-        for x in &self.locations[e].extents {
-            self.ck
-                .read_at(x.shard, x.offset, &mut buf[at..at + x.len])
-                .with_context(|| format!("reading layer {} expert {e}", self.layer))?;
-            at += x.len;
+    /// Where every expert of every MoE layer lives in the checkpoint (empty lists for dense layers), checking
+    /// each tensor's dtype and shape. Consecutive tensors merge into one extent: one read per K3 expert.
+    pub fn locate(
+        &self,
+        ck: &Checkpoint,
+        prefix: &str,
+        cfg: &ModelConfig,
+    ) -> Result<Vec<Vec<RecordLoc>>> {
+        (0..cfg.num_layers)
+            .map(|l| {
+                if cfg.is_dense(l) {
+                    return Ok(Vec::new());
+                }
+                (0..cfg.moe.num_experts)
+                    .map(|e| {
+                        let mut extents: Vec<Extent> = Vec::new();
+                        for (name, dtype, shape) in &self.tensors {
+                            let full =
+                                format!("{prefix}layers.{l}.block_sparse_moe.experts.{e}.{name}");
+                            let info = ck.expect(&full, &[*dtype], shape)?;
+                            match extents.last_mut() {
+                                Some(x)
+                                    if x.file == info.shard
+                                        && x.offset + x.len as u64 == info.offset =>
+                                {
+                                    x.len += info.nbytes as usize
+                                }
+                                _ => extents.push(Extent {
+                                    file: info.shard,
+                                    offset: info.offset,
+                                    len: info.nbytes as usize,
+                                }),
+                            }
+                        }
+                        Ok(RecordLoc {
+                            extents,
+                            checksum: None,
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// One MoE layer's routed experts, served by the store.
+pub struct ExpertSet {
+    pub store: Arc<ExpertStore>,
+    pub layer: usize,
+    layout: Arc<ExpertLayout>,
+}
+
+impl ExpertSet {
+    pub fn new(store: Arc<ExpertStore>, layer: usize, layout: Arc<ExpertLayout>) -> ExpertSet {
+        ExpertSet {
+            store,
+            layer,
+            layout,
         }
-        stats
-            .expert_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        stats.expert_reads.fetch_add(1, Ordering::Relaxed);
-        stats
-            .expert_read_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(buf)
     }
 
-    /// `y = W2 · act(W1 x, W3 x)` for `n` rows of `x` (width `self.width`).
-    pub fn apply(&self, e: usize, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {
-        let buf = self.read(e, stats)?;
-        let part = |i: usize| &buf[self.parts[i].0..self.parts[i].0 + self.parts[i].1];
-        let (inter, width) = (self.inter, self.width);
+    pub fn width(&self) -> usize {
+        self.layout.width
+    }
+
+    /// `y = W2 · act(W1 x, W3 x)` for `n` rows of `x`, with expert `e`'s weights in `record`.
+    pub fn apply(
+        &self,
+        e: usize,
+        record: &[u8],
+        x: &[f32],
+        n: usize,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let lay = &*self.layout;
+        let part = |i: usize| &record[lay.parts[i].0..lay.parts[i].0 + lay.parts[i].1];
+        let (inter, width) = (lay.inter, lay.width);
         let mut h1 = vec![0.0; n * inter];
         let mut h3 = vec![0.0; n * inter];
+        let mut a = vec![0.0; n * inter];
         let mut y = vec![0.0; n * width];
-        match self.encoding {
+        match lay.encoding {
             Encoding::Mxfp4 => {
                 for i in [1, 3, 5] {
                     if let Some(pos) = part(i).iter().position(|&s| s == 255) {
@@ -197,7 +207,7 @@ impl ExpertSet {
                         );
                     }
                 }
-                let mx = |p: usize, rows: usize, cols: usize| Matrix::Mxfp4 {
+                let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
                     packed: part(p),
                     scales: part(p + 1),
                     rows,
@@ -205,8 +215,7 @@ impl ExpertSet {
                 };
                 matmul(&mx(0, inter, width), x, n, &mut h1);
                 matmul(&mx(4, inter, width), x, n, &mut h3);
-                let mut a = vec![0.0; n * inter];
-                self.act.apply(&h1, &h3, &mut a);
+                lay.act.apply(&h1, &h3, &mut a);
                 matmul(&mx(2, width, inter), &a, n, &mut y);
             }
             Encoding::Bf16 => {
@@ -232,8 +241,7 @@ impl ExpertSet {
                     n,
                     &mut h3,
                 );
-                let mut a = vec![0.0; n * inter];
-                self.act.apply(&h1, &h3, &mut a);
+                lay.act.apply(&h1, &h3, &mut a);
                 matmul(
                     &Matrix::Bf16 {
                         data: &w2,
@@ -246,6 +254,10 @@ impl ExpertSet {
                 );
             }
         }
+        stats
+            .expert_bytes
+            .fetch_add(record.len() as u64, Ordering::Relaxed);
+        stats.expert_uses.fetch_add(1, Ordering::Relaxed);
         Ok(y)
     }
 }

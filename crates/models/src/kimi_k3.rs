@@ -2,7 +2,7 @@
 //! attention (KDA or gated NoPE MLA), a second mix and the feed-forward (dense SiTU at layer 0, latent MXFP4
 //! MoE + shared experts after), and the AttnRes tail into the untied lm_head.
 
-use crate::blocks::{Attention, FeedForward};
+use crate::blocks::{Attention, FeedForward, ModelExperts};
 use crate::experts::Stats;
 use crate::ops::{inv_rms, rms_norm, softmax};
 use crate::weights::{context_layer, Embedding, Linear, Loader};
@@ -11,6 +11,7 @@ use anyhow::Result;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::ModelConfig;
 use deltafin_kernels::dot;
+use deltafin_store::ExpertStore;
 use std::sync::Arc;
 
 pub struct KimiK3 {
@@ -21,6 +22,7 @@ pub struct KimiK3 {
     out_res: Vec<f32>,
     norm: Vec<f32>,
     lm_head: Linear,
+    pub experts: Arc<ExpertStore>,
 }
 
 struct Layer {
@@ -33,7 +35,7 @@ struct Layer {
 }
 
 impl KimiK3 {
-    pub fn load(ck: &Arc<Checkpoint>, cfg: ModelConfig) -> Result<KimiK3> {
+    pub fn load(ck: &Checkpoint, cfg: ModelConfig, experts: &ModelExperts) -> Result<KimiK3> {
         let (h, v) = (cfg.hidden, cfg.vocab_size);
         let root = Loader::new(ck, "language_model.model.");
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -50,7 +52,7 @@ impl KimiK3 {
                     attn: Attention::load(&ld, &cfg, l)?,
                     mlp_res: ld.res_score("mlp_res_norm.weight", "mlp_res_proj.weight", h)?,
                     post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
-                    ffn: FeedForward::load(ck, &ld, &cfg, l)?,
+                    ffn: FeedForward::load(&ld, &cfg, l, experts)?,
                 })
             })();
             layers.push(context_layer(layer, l)?);
@@ -67,6 +69,7 @@ impl KimiK3 {
             )?,
             norm: root.vector("norm.weight", &[h])?,
             lm_head: Loader::new(ck, "language_model.").linear("lm_head.weight", v, h)?,
+            experts: experts.store.clone(),
             cfg,
         })
     }
@@ -121,7 +124,8 @@ impl KimiK3 {
             // 5. y = MLP(RMS(Mix([anchors…, q], w_mlp), post_attention_layernorm)).
             let mut m = mix(&anchors, &q, &layer.mlp_res, hd, eps);
             norm_rows(&mut m, &layer.post_norm);
-            let y = context_layer(layer.ffn.forward(&m, n, stats), l)?;
+            let next = self.layers.get(l + 1).map(|next| &next.ffn);
+            let y = context_layer(layer.ffn.forward(&m, n, stats, next), l)?;
             // 6. next h = q + y.
             h = q;
             h.iter_mut().zip(&y).for_each(|(h, y)| *h += y);

@@ -1,7 +1,7 @@
 //! Kimi Linear (contract §6), as transformers computes it: plain pre-norm residuals around KDA (softplus gate)
 //! or ungated NoPE MLA, a dense SiLU MLP first, then BF16 SiLU experts + one shared expert, final norm, lm_head.
 
-use crate::blocks::{Attention, FeedForward};
+use crate::blocks::{Attention, FeedForward, ModelExperts};
 use crate::experts::Stats;
 use crate::ops::rms_norm;
 use crate::weights::{context_layer, Embedding, Linear, Loader};
@@ -9,6 +9,7 @@ use crate::{LogitRows, Session};
 use anyhow::Result;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::ModelConfig;
+use deltafin_store::ExpertStore;
 use std::sync::Arc;
 
 pub struct KimiLinear {
@@ -17,6 +18,7 @@ pub struct KimiLinear {
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Linear,
+    pub experts: Arc<ExpertStore>,
 }
 
 struct Layer {
@@ -27,7 +29,7 @@ struct Layer {
 }
 
 impl KimiLinear {
-    pub fn load(ck: &Arc<Checkpoint>, cfg: ModelConfig) -> Result<KimiLinear> {
+    pub fn load(ck: &Checkpoint, cfg: ModelConfig, experts: &ModelExperts) -> Result<KimiLinear> {
         let (h, v) = (cfg.hidden, cfg.vocab_size);
         let root = Loader::new(ck, "model.");
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -38,7 +40,7 @@ impl KimiLinear {
                     input_norm: ld.vector("input_layernorm.weight", &[h])?,
                     attn: Attention::load(&ld, &cfg, l)?,
                     post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
-                    ffn: FeedForward::load(ck, &ld, &cfg, l)?,
+                    ffn: FeedForward::load(&ld, &cfg, l, experts)?,
                 })
             })();
             layers.push(context_layer(layer, l)?);
@@ -50,6 +52,7 @@ impl KimiLinear {
             layers,
             norm: root.vector("norm.weight", &[h])?,
             lm_head: Loader::new(ck, "").linear("lm_head.weight", v, h)?,
+            experts: experts.store.clone(),
             cfg,
         })
     }
@@ -79,7 +82,12 @@ impl KimiLinear {
                 .forward(&normed(&h, &layer.input_norm), n, &mut session.layers[l]);
             h.iter_mut().zip(&o).for_each(|(h, o)| *h += o);
             let y = context_layer(
-                layer.ffn.forward(&normed(&h, &layer.post_norm), n, stats),
+                layer.ffn.forward(
+                    &normed(&h, &layer.post_norm),
+                    n,
+                    stats,
+                    self.layers.get(l + 1).map(|x| &x.ffn),
+                ),
                 l,
             )?;
             h.iter_mut().zip(&y).for_each(|(h, y)| *h += y);

@@ -6,7 +6,6 @@ use crate::ops::{rms_norm, sigmoid, Act};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
 use deltafin_formats::config::{Family, ModelConfig};
-use rayon::prelude::*;
 
 /// `down(act(gate x, up x))`.
 pub struct Mlp {
@@ -132,31 +131,53 @@ impl Moe {
     }
 
     /// `x`: n rows of the post-attention-normed input. Each expert of the union of the rows' selections is read
-    /// once and applied to the rows that chose it; each row then sums its experts in ascending id order.
-    pub fn forward(&self, x: &[f32], n: usize, stats: &Stats) -> Result<Vec<f32>> {
+    /// once and applied, as its bytes arrive, to the rows that chose it; each row then sums its experts in
+    /// ascending id order, whatever the arrival order. `next` is the following MoE layer, whose router predicts
+    /// its experts from this state so their reads can start now (lookahead prefetch).
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        stats: &Stats,
+        next: Option<&Moe>,
+    ) -> Result<Vec<f32>> {
         let routes = self.router.route(x, n);
+        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        let mut fetch = self.experts.store.fetch(self.experts.layer, &union);
+        if let Some(next) = next {
+            next.prefetch(x, n);
+        }
         // 1. K3 works in the latent space: z = routed_expert_down_proj · x.
         let z = match &self.latent {
             Some(l) => l.down.forward(x, n),
             None => x.to_vec(),
         };
         let width = z.len() / n;
-        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
-        union.sort_unstable();
-        union.dedup();
-        // 2. expert outputs, one task per expert; results land in per-(row, slot) buffers.
+        // 2. expert outputs, in arrival order, each into its union position.
+        let mut outputs: Vec<(Vec<usize>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); union.len()];
+        while let Some(record) = fetch.next() {
+            let record = record?;
+            let e = record.expert;
+            let rows: Vec<usize> = (0..n).filter(|&t| routes[t].ids.contains(&e)).collect();
+            let mut input = Vec::with_capacity(rows.len() * width);
+            for &t in &rows {
+                input.extend_from_slice(&z[t * width..(t + 1) * width]);
+            }
+            let y = self
+                .experts
+                .apply(e, record.bytes(), &input, rows.len(), stats)?;
+            let pos = union
+                .binary_search(&e)
+                .expect("fetched experts come from the union");
+            outputs[pos] = (rows, y);
+        }
         let outputs: Vec<(usize, Vec<usize>, Vec<f32>)> = union
-            .par_iter()
-            .map(|&e| {
-                let rows: Vec<usize> = (0..n).filter(|&t| routes[t].ids.contains(&e)).collect();
-                let mut input = Vec::with_capacity(rows.len() * width);
-                for &t in &rows {
-                    input.extend_from_slice(&z[t * width..(t + 1) * width]);
-                }
-                let y = self.experts.apply(e, &input, rows.len(), stats)?;
-                Ok((e, rows, y))
-            })
-            .collect::<Result<_>>()?;
+            .iter()
+            .zip(outputs)
+            .map(|(&e, (rows, y))| (e, rows, y))
+            .collect();
         // 3. acc = Σ w_i y_i, experts in ascending id order per row (union order is ascending too).
         let mut acc = vec![0.0f32; n * width];
         for (e, rows, y) in &outputs {
@@ -191,5 +212,23 @@ impl Moe {
             *o += r;
         }
         Ok(out)
+    }
+
+    /// Lookahead: this layer's router applied to an earlier layer's state; the predicted experts are queued
+    /// for reading into idle disk time (where prediction has proven useful for this layer).
+    fn prefetch(&self, x: &[f32], n: usize) {
+        let store = &self.experts.store;
+        if !store.prediction_enabled(self.experts.layer) {
+            return;
+        }
+        let mut ids: Vec<usize> = self
+            .router
+            .route(x, n)
+            .into_iter()
+            .flat_map(|r| r.ids)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        store.prefetch(self.experts.layer, &ids);
     }
 }

@@ -137,5 +137,5 @@ impl Embedding {
 }
 
 pub fn context_layer<T>(r: Result<T>, layer: usize) -> Result<T> {
-    r.with_context(|| format!("loading layer {layer}"))
+    r.with_context(|| format!("layer {layer}"))
 }

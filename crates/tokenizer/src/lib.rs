@@ -1,12 +1,54 @@
-//! tiktoken-format byte-level BPE with K3's special tokens.
+//! tiktoken-format byte-level BPE with K3's special tokens, chat rendering and reply parsing.
 //!
 //! `tiktoken.model` holds the ranks (rank = id); `tokenizer_config.json` names the added (special) ids
-//! above them. Ordinary encoding never produces special ids: text such as "<|open|>" is BPE'd like any
-//! other text, and only template code asks for special ids by name via [`Tokenizer::special_id`].
+//! above them.
+//!
+//! # Encoding
+//!
+//! - [`Tokenizer::encode`] / [`Tokenizer::encode_bytes`]: ordinary text. Never produces special ids: text
+//!   such as "<|open|>" is BPE'd like any other text. Pre-tokenization is a linear-time scanner with
+//!   exactly the semantics of Kimi's regex ([`pretok::KIMI_PATTERN`]); invalid UTF-8 given to
+//!   `encode_bytes` is pre-tokenized as if each invalid subsequence were U+FFFD, and BPE'd as its raw
+//!   bytes, so decoding gives the input back byte for byte.
+//! - [`Tokenizer::encode_pieces`]: a rendered chat, as [`Piece`]s. Special-token names are recognised
+//!   only in [`Piece::Template`] text (owned by the template); [`Piece::Text`] (user, tool or model
+//!   text) is always ordinary text. Adjacent text of both kinds is BPE'd as one string, so the ids equal
+//!   those of tokenizing the rendered string with specials recognised, whenever the user text holds no
+//!   special names.
+//!
+//! # Decoding
+//!
+//! [`Tokenizer::decode`] for whole sequences; [`StreamDecoder`] for streams: it returns text as tokens
+//! arrive and never emits half a UTF-8 character.
+//!
+//! # Chat (module [`chat`])
+//!
+//! ```ignore
+//! use deltafin_tokenizer::chat::{render_k3, ChatMessage, Effort, ReplyEvent, ReplyParser};
+//! let pieces = render_k3(&[ChatMessage::user("Hi")], Some(Effort::High), true);
+//! let prompt_ids = tokenizer.encode_pieces(&pieces);
+//! let mut parser = ReplyParser::new(); // the K3 generation prompt leaves the reply inside a think block
+//! let mut decoder = StreamDecoder::new(&tokenizer);
+//! for id in generated {
+//!     for event in parser.push(&decoder.push(id)?) {
+//!         match event {
+//!             ReplyEvent::Reasoning(t) => {} // thinking text
+//!             ReplyEvent::Content(t) => {}   // the answer
+//!             ReplyEvent::ToolCall(call) => {}
+//!         }
+//!     }
+//! }
+//! let rest = parser.finish(&decoder.finish());
+//! ```
+//!
+//! Other model families render through their checkpoint's own Jinja chat template:
+//! [`chat::ChatTemplate::from_dir`] and [`chat::ChatTemplate::render`], which also return [`Piece`]s.
 
 mod bpe;
+pub mod chat;
 mod files;
-mod pretok;
+pub mod pretok;
+mod stream;
 mod train;
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +56,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 pub use files::{k3_special_name, write_tiktoken_files, K3_NUM_SPECIALS};
-pub use pretok::pretokenize;
+pub use pretok::{pretokenize, pretokenize_bytes};
+pub use stream::StreamDecoder;
 pub use train::train_bpe;
 
 /// A loaded tokenizer: rank BPE plus named special ids.
@@ -27,6 +70,27 @@ pub struct Tokenizer {
     special_ids: HashMap<String, u32>,
     /// Ids of bos/eos/pad/unk from the config, in `files::ROLE_FIELDS` order.
     roles: [Option<u32>; 4],
+    /// Special names, longest first, and which bytes start one (for [`Tokenizer::encode_pieces`]).
+    specials_by_len: Vec<(String, u32)>,
+    special_first_bytes: [bool; 256],
+}
+
+/// Part of a rendered chat prompt (see [`Tokenizer::encode_pieces`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Text the template owns: special-token names in it become special ids.
+    Template(String),
+    /// Text from the conversation (user, tool, model): always ordinary text, even "<|open|>".
+    Text(String),
+}
+
+impl Piece {
+    /// The piece's text, whichever kind it is.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Piece::Template(t) | Piece::Text(t) => t,
+        }
+    }
 }
 
 impl Tokenizer {
@@ -64,6 +128,16 @@ impl Tokenizer {
             .iter()
             .map(|(&id, name)| (name.clone(), id))
             .collect();
+        let mut specials_by_len: Vec<(String, u32)> = config
+            .specials
+            .iter()
+            .map(|(&id, name)| (name.clone(), id))
+            .collect();
+        specials_by_len.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+        let mut special_first_bytes = [false; 256];
+        for (name, _) in &specials_by_len {
+            special_first_bytes[name.as_bytes()[0] as usize] = true;
+        }
         Ok(Tokenizer {
             tokens,
             ranks,
@@ -71,20 +145,78 @@ impl Tokenizer {
             specials: config.specials,
             special_ids,
             roles: config.roles,
+            specials_by_len,
+            special_first_bytes,
         })
     }
 
     /// Encodes ordinary text: Kimi pre-tokenizer, then rank BPE per piece (a piece that is itself a token
     /// maps to it directly, as in tiktoken). Special-token names in `text` are ordinary text.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3);
-        for piece in pretokenize(text) {
-            match self.ranks.get(piece.as_bytes()) {
+        self.encode_bytes(text.as_bytes())
+    }
+
+    /// [`Self::encode`] for arbitrary bytes. Invalid UTF-8 is kept, not replaced: each invalid
+    /// subsequence is pre-tokenized like U+FFFD but BPE'd as its own bytes, so
+    /// `decode_bytes(encode_bytes(b)) == b` for every `b`.
+    pub fn encode_bytes(&self, bytes: &[u8]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(bytes.len() / 3);
+        self.encode_into(bytes, &mut out);
+        out
+    }
+
+    fn encode_into(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        for piece in pretokenize_bytes(bytes) {
+            match self.ranks.get(piece) {
                 Some(&id) => out.push(id),
-                None => bpe::encode_piece(piece.as_bytes(), &self.ranks, &self.byte_rank, &mut out),
+                None => bpe::encode_piece(piece, &self.ranks, &self.byte_rank, out),
             }
         }
+    }
+
+    /// Encodes a rendered template: special-token names are recognised in [`Piece::Template`] text
+    /// only; runs of text between specials (from any mix of pieces) are encoded as one string.
+    pub fn encode_pieces(&self, pieces: &[Piece]) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut text = String::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => text.push_str(t),
+                Piece::Template(t) => {
+                    let mut rest = t.as_str();
+                    while let Some((at, name, id)) = self.find_special(rest) {
+                        text.push_str(&rest[..at]);
+                        self.encode_into(text.as_bytes(), &mut out);
+                        text.clear();
+                        out.push(id);
+                        rest = &rest[at + name.len()..];
+                    }
+                    text.push_str(rest);
+                }
+            }
+        }
+        self.encode_into(text.as_bytes(), &mut out);
         out
+    }
+
+    /// Encodes template-owned text with special-token names recognised (e.g. "<|open|>" → its id).
+    /// Never pass user text here; use [`Self::encode_pieces`] to mix the two.
+    pub fn encode_with_specials(&self, template_text: &str) -> Vec<u32> {
+        self.encode_pieces(&[Piece::Template(template_text.to_string())])
+    }
+
+    /// The first special-token name in `text` (the longest one where several start at the same byte):
+    /// (byte offset, name, id).
+    fn find_special<'a>(&'a self, text: &str) -> Option<(usize, &'a str, u32)> {
+        let bytes = text.as_bytes();
+        (0..bytes.len())
+            .filter(|&i| self.special_first_bytes[bytes[i] as usize])
+            .find_map(|i| {
+                self.specials_by_len
+                    .iter()
+                    .find(|(name, _)| bytes[i..].starts_with(name.as_bytes()))
+                    .map(|(name, id)| (i, name.as_str(), *id))
+            })
     }
 
     /// The bytes of `ids` concatenated; special ids render as their names.
@@ -110,6 +242,11 @@ impl Tokenizer {
     /// [`Self::decode_bytes`] as a String; invalid UTF-8 (e.g. half a character) becomes U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+    }
+
+    /// The name of special id `id`, if it is one.
+    pub fn special_name(&self, id: u32) -> Option<&str> {
+        self.specials.get(&id).map(String::as_str)
     }
 
     /// The id of the special token named `name` (e.g. "<|open|>").

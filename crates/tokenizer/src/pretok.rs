@@ -1,11 +1,25 @@
-//! Kimi's pre-tokenizer: the regex that cuts text into pieces before BPE.
+//! Kimi's pre-tokenizer: cuts text into the pieces BPE sees, as a hand-written linear-time scanner.
+//!
+//! The pieces are exactly the matches of [`KIMI_PATTERN`] under backtracking (leftmost-first) regex
+//! semantics — the semantics tiktoken gets from fancy-regex — but found without backtracking: every
+//! alternative below is matched by forward scans that remember the positions a backtracking engine
+//! would fall back to, so each input byte is looked at a bounded number of times. A backtracking
+//! engine spends O(n) per match on inputs such as long whitespace runs cut into short pieces, and
+//! gives up beyond its backtrack limit; the scanner has neither problem.
+//!
+//! Character classes come from the same Unicode tables the regex engines use: each class expression of
+//! the pattern is parsed by `regex-syntax` once and merged into one range table.
+//!
+//! Invalid UTF-8 (only reachable through [`pretokenize_bytes`]): each maximal invalid subsequence (the
+//! unit `String::from_utf8_lossy` replaces by one U+FFFD) is classified as if it were U+FFFD (a symbol),
+//! but its raw bytes stay in the piece, so pieces always concatenate back to the input.
 
-use fancy_regex::Regex;
 use std::sync::OnceLock;
 
-/// Kimi's pattern, one alternative per line. The two letter alternatives exclude Han so that Han runs
-/// stay in the first alternative; `\s+(?!\S)` leaves the last space of a run to prefix the next word.
-const KIMI_PATTERN: &str = concat!(
+/// Kimi's pattern, one alternative per line (documentation and the cross-check oracle in the tests; the
+/// scanner below implements it). The two letter alternatives exclude Han so that Han runs stay in the
+/// first alternative; `\s+(?!\S)` leaves the last space of a run to prefix the next word.
+pub const KIMI_PATTERN: &str = concat!(
     r"[\p{Han}]+",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -16,71 +30,355 @@ const KIMI_PATTERN: &str = concat!(
     r"|\s+",
 );
 
-fn kimi_regex() -> &'static Regex {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(KIMI_PATTERN).expect("the built-in Kimi pattern compiles"))
+// One bit per class expression of the pattern.
+const HAN: u8 = 1; // [\p{Han}]
+const UPPER: u8 = 2; // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
+const LOWER: u8 = 4; // [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
+const PREFIX: u8 = 8; // [^\r\n\p{L}\p{N}]
+const DIGIT: u8 = 16; // \p{N}
+const PUNCT: u8 = 32; // [^\s\p{L}\p{N}]
+const SPACE: u8 = 64; // \s
+
+const CLASSES: [(u8, &str); 7] = [
+    (HAN, r"[\p{Han}]"),
+    (UPPER, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"),
+    (LOWER, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"),
+    (PREFIX, r"[^\r\n\p{L}\p{N}]"),
+    (DIGIT, r"\p{N}"),
+    (PUNCT, r"[^\s\p{L}\p{N}]"),
+    (SPACE, r"\s"),
+];
+
+/// Class bits of every code point: a direct table for ASCII, sorted (first code point, bits) runs above.
+struct ClassTable {
+    ascii: [u8; 128],
+    runs: Vec<(u32, u8)>,
+}
+
+fn class_ranges(expr: &str) -> Vec<(u32, u32)> {
+    use regex_syntax::hir::{Class, HirKind};
+    let hir = regex_syntax::Parser::new()
+        .parse(expr)
+        .expect("the built-in class expressions parse");
+    match hir.kind() {
+        HirKind::Class(Class::Unicode(c)) => c
+            .ranges()
+            .iter()
+            .map(|r| (r.start() as u32, r.end() as u32))
+            .collect(),
+        other => panic!("{expr} is not a Unicode class: {other:?}"),
+    }
+}
+
+fn table() -> &'static ClassTable {
+    static TABLE: OnceLock<ClassTable> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let classes: Vec<(u8, Vec<(u32, u32)>)> = CLASSES
+            .iter()
+            .map(|&(bit, expr)| (bit, class_ranges(expr)))
+            .collect();
+        let bits_of = |cp: u32| {
+            classes.iter().fold(0u8, |acc, (bit, ranges)| {
+                let i = ranges.partition_point(|&(_, end)| end < cp);
+                if i < ranges.len() && ranges[i].0 <= cp {
+                    acc | bit
+                } else {
+                    acc
+                }
+            })
+        };
+        let mut starts: Vec<u32> = vec![0];
+        for (_, ranges) in &classes {
+            for &(s, e) in ranges {
+                starts.push(s);
+                starts.push(e + 1);
+            }
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        let mut runs: Vec<(u32, u8)> = Vec::new();
+        for s in starts {
+            let bits = bits_of(s);
+            if runs.last().is_none_or(|&(_, b)| b != bits) {
+                runs.push((s, bits));
+            }
+        }
+        ClassTable {
+            ascii: std::array::from_fn(|c| bits_of(c as u32)),
+            runs,
+        }
+    })
+}
+
+impl ClassTable {
+    #[inline]
+    fn bits(&self, cp: u32) -> u8 {
+        if cp < 128 {
+            self.ascii[cp as usize]
+        } else {
+            let i = self.runs.partition_point(|&(s, _)| s <= cp);
+            self.runs[i - 1].1
+        }
+    }
+}
+
+/// Decodes the character at `b[i..]` (`i < b.len()`): `(code point, length)`. A maximal invalid
+/// subsequence decodes as U+FFFD with its own length (1–3 bytes), as `Utf8Chunks` delimits it.
+#[inline]
+fn decode_at(b: &[u8], i: usize) -> (u32, usize) {
+    let b0 = b[i];
+    if b0 < 0x80 {
+        return (b0 as u32, 1);
+    }
+    const INVALID: u32 = 0xFFFD;
+    // Expected continuation count and the allowed range of the second byte (Unicode Table 3-7).
+    let (extra, lo, hi, init) = match b0 {
+        0xC2..=0xDF => (1, 0x80, 0xBF, b0 as u32 & 0x1F),
+        0xE0 => (2, 0xA0, 0xBF, 0),
+        0xE1..=0xEC | 0xEE..=0xEF => (2, 0x80, 0xBF, b0 as u32 & 0x0F),
+        0xED => (2, 0x80, 0x9F, 0x0D),
+        0xF0 => (3, 0x90, 0xBF, 0),
+        0xF1..=0xF3 => (3, 0x80, 0xBF, b0 as u32 & 0x07),
+        0xF4 => (3, 0x80, 0x8F, 4),
+        _ => return (INVALID, 1),
+    };
+    let mut cp = init;
+    for k in 1..=extra {
+        let (lo, hi) = if k == 1 { (lo, hi) } else { (0x80, 0xBF) };
+        match b.get(i + k) {
+            Some(&c) if (lo..=hi).contains(&c) => cp = (cp << 6) | (c as u32 & 0x3F),
+            _ => return (INVALID, k),
+        }
+    }
+    (cp, extra + 1)
+}
+
+/// `c` matches the ASCII letter `lower` case-insensitively under Unicode simple case folding (only `s`
+/// has a non-ASCII fold among the contraction letters: U+017F LATIN SMALL LETTER LONG S).
+#[inline]
+fn folds_to(c: u32, lower: u8) -> bool {
+    c == lower as u32 || c == lower.to_ascii_uppercase() as u32 || (lower == b's' && c == 0x17F)
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    t: &'static ClassTable,
+}
+
+impl Scanner<'_> {
+    /// (class bits, length, code point) of the character at `i < len`.
+    #[inline]
+    fn at(&self, i: usize) -> (u8, usize, u32) {
+        let (cp, len) = decode_at(self.b, i);
+        (self.t.bits(cp), len, cp)
+    }
+
+    #[inline]
+    fn bits(&self, i: usize) -> u8 {
+        if i < self.b.len() {
+            self.at(i).0
+        } else {
+            0
+        }
+    }
+
+    /// End of the run of characters from `i` that have any bit of `mask`.
+    fn run_end(&self, mut i: usize, mask: u8) -> usize {
+        while i < self.b.len() {
+            let (bits, len, _) = self.at(i);
+            if bits & mask == 0 {
+                break;
+            }
+            i += len;
+        }
+        i
+    }
+
+    /// End of the run of `\r`/`\n` from `i`.
+    fn newline_run_end(&self, mut i: usize) -> usize {
+        while matches!(self.b.get(i), Some(b'\r' | b'\n')) {
+            i += 1;
+        }
+        i
+    }
+
+    /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)?` at `e`: the end after the optional contraction.
+    fn contraction_end(&self, e: usize) -> usize {
+        if self.b.get(e) != Some(&b'\'') || e + 1 >= self.b.len() {
+            return e;
+        }
+        let (c1, l1) = decode_at(self.b, e + 1);
+        let second = |letter: u8| {
+            let p = e + 1 + l1;
+            if p < self.b.len() {
+                let (c2, l2) = decode_at(self.b, p);
+                folds_to(c2, letter).then_some(p + l2)
+            } else {
+                None
+            }
+        };
+        let one = e + 1 + l1;
+        let found = if [b's', b't', b'm', b'd'].iter().any(|&l| folds_to(c1, l)) {
+            Some(one)
+        } else if folds_to(c1, b'r') || folds_to(c1, b'v') {
+            second(b'e')
+        } else if folds_to(c1, b'l') {
+            second(b'l')
+        } else {
+            None
+        };
+        found.unwrap_or(e)
+    }
+
+    /// End of the piece that starts at `i < len`: the match of the first alternative that matches there,
+    /// with the length a backtracking engine would choose.
+    fn piece_end(&self, i: usize) -> usize {
+        let n = self.b.len();
+        let (bits0, len0, cp0) = self.at(i);
+        // [\p{Han}]+
+        if bits0 & HAN != 0 {
+            return self.run_end(i, HAN);
+        }
+        // The optional `[^\r\n\p{L}\p{N}]?` of the two letter alternatives: taken first, dropped on failure.
+        let letter_starts = [(bits0 & PREFIX != 0).then_some(i + len0), Some(i)];
+        // P? U* W+ C?: U* runs to k, then backs off to the last position where W+ can start: k itself if
+        // it holds a W character, else the last W character inside the U run (then W+ is that one).
+        for j in letter_starts.into_iter().flatten() {
+            let mut k = j;
+            let mut last_lower = None;
+            while k < n {
+                let (bits, len, _) = self.at(k);
+                if bits & UPPER == 0 {
+                    break;
+                }
+                if bits & LOWER != 0 {
+                    last_lower = Some(k);
+                }
+                k += len;
+            }
+            let lower_start = if self.bits(k) & LOWER != 0 {
+                Some(k)
+            } else {
+                last_lower
+            };
+            if let Some(s) = lower_start {
+                return self.contraction_end(self.run_end(s, LOWER));
+            }
+        }
+        // P? U+ W* C?: the greedy path always succeeds once U+ has one character.
+        for j in letter_starts.into_iter().flatten() {
+            let k = self.run_end(j, UPPER);
+            if k > j {
+                return self.contraction_end(self.run_end(k, LOWER));
+            }
+        }
+        // \p{N}{1,3}
+        if bits0 & DIGIT != 0 {
+            let mut e = i;
+            for _ in 0..3 {
+                if e >= n {
+                    break;
+                }
+                let (bits, len, _) = self.at(e);
+                if bits & DIGIT == 0 {
+                    break;
+                }
+                e += len;
+            }
+            return e;
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        for j in [(cp0 == ' ' as u32).then_some(i + 1), Some(i)]
+            .into_iter()
+            .flatten()
+        {
+            if self.bits(j) & PUNCT != 0 {
+                return self.newline_run_end(self.run_end(j, PUNCT));
+            }
+        }
+        // One scan of the whitespace run from i serves the last three alternatives.
+        let mut k = i;
+        let mut last_newline = None;
+        let mut last_start = i;
+        while k < n {
+            let (bits, len, cp) = self.at(k);
+            if bits & SPACE == 0 {
+                break;
+            }
+            if cp == '\r' as u32 || cp == '\n' as u32 {
+                last_newline = Some(k);
+            }
+            last_start = k;
+            k += len;
+        }
+        // \s*[\r\n]+: \s* backs off to the last newline of the run, then [\r\n]+ runs greedily.
+        let newline = if matches!(self.b.get(k), Some(b'\r' | b'\n')) {
+            Some(k)
+        } else {
+            last_newline
+        };
+        if let Some(m) = newline {
+            return self.newline_run_end(m);
+        }
+        if k > i {
+            // \s+(?!\S): the whole run at the end of the text, else all but its last character (which
+            // is followed by whitespace) if that leaves at least one.
+            if k == n {
+                return n;
+            }
+            if last_start > i {
+                return last_start;
+            }
+            // \s+
+            return k;
+        }
+        // Unreachable: every character is Han, a letter (UPPER or LOWER), a digit, whitespace, or PUNCT.
+        // Taking one character keeps the pieces tiling the input regardless.
+        i + len0
+    }
+}
+
+/// Iterator over the pieces of a byte string (see [`pretokenize_bytes`]).
+pub struct Pieces<'a> {
+    scanner: Scanner<'a>,
+    pos: usize,
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.pos >= self.scanner.b.len() {
+            return None;
+        }
+        let start = self.pos;
+        self.pos = self.scanner.piece_end(start);
+        Some(&self.scanner.b[start..self.pos])
+    }
+}
+
+/// Splits `bytes` into the pieces BPE sees; their concatenation is always exactly `bytes`. Valid UTF-8
+/// splits exactly as tiktoken splits it with [`KIMI_PATTERN`]; invalid sequences are treated as U+FFFD
+/// (see the module docs). Time is linear in the input length.
+pub fn pretokenize_bytes(bytes: &[u8]) -> Pieces<'_> {
+    Pieces {
+        scanner: Scanner { b: bytes, t: table() },
+        pos: 0,
+    }
 }
 
 /// Splits `text` into the pieces BPE sees; their concatenation is always exactly `text`.
-///
-/// Every character can start a match of some alternative, so matches tile the text. Should the regex
-/// engine give up (fancy-regex's backtrack limit), the unsplit rest becomes one piece rather than being
-/// lost: encoding stays lossless, only the merge boundaries differ from tiktoken's in that case.
 pub fn pretokenize(text: &str) -> Vec<&str> {
-    let mut pieces = Vec::new();
     let mut pos = 0;
-    for m in kimi_regex().find_iter(text) {
-        let Ok(m) = m else { break };
-        if m.start() > pos {
-            pieces.push(&text[pos..m.start()]);
-        }
-        pieces.push(m.as_str());
-        pos = m.end();
-    }
-    if pos < text.len() {
-        pieces.push(&text[pos..]);
-    }
-    pieces
+    pretokenize_bytes(text.as_bytes())
+        .map(|piece| {
+            // Pieces of valid UTF-8 end on character boundaries, so the slice cannot panic.
+            let s = &text[pos..pos + piece.len()];
+            pos += piece.len();
+            s
+        })
+        .collect()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::pretokenize;
-
-    #[test]
-    fn splits_hand_written_cases() {
-        let cases: &[(&str, &[&str])] = &[
-            (
-                "Hello world's 12345 !!\n\n  x",
-                &["Hello", " world's", " ", "123", "45", " !!\n\n", " ", " x"],
-            ),
-            ("I'LL go, don't", &["I'LL", " go", ",", " don't"]),
-            ("camelCase HTTPServer", &["camel", "Case", " HTTPServer"]),
-            ("a  b\n\nc", &["a", " ", " b", "\n\n", "c"]),
-            ("x   \n  y", &["x", "   \n", " ", " y"]),
-            ("end   ", &["end", "   "]),
-            ("我爱北京天安门 ok", &["我爱北京天安门", " ok"]),
-            ("日本語のテキスト", &["日本語", "のテキスト"]),
-            ("😀😀 hi", &["😀😀", " hi"]),
-            ("<|open|>", &["<|", "open", "|>"]),
-            ("3.14159", &["3", ".", "141", "59"]),
-            ("\t\tfoo()", &["\t", "\tfoo", "()"]),
-        ];
-        for (text, want) in cases {
-            assert_eq!(pretokenize(text), *want, "pieces of {text:?}");
-        }
-    }
-
-    #[test]
-    fn pieces_tile_long_and_odd_input() {
-        let texts = [
-            " ".repeat(100_000),
-            "a".repeat(100_000),
-            "\n \r\n\t".repeat(20_000),
-            "é\u{301}ß'S'sx1".repeat(5_000),
-        ];
-        for text in &texts {
-            assert_eq!(pretokenize(text).concat(), *text);
-        }
-    }
-}
+mod tests;

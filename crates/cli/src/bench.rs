@@ -1,0 +1,248 @@
+//! `deltafin bench`: decode on an I/O-shaped K3 (real 17,547,264-byte expert records, top-16 routing, about
+//! 10 GB) against the drive's own bandwidth measured in the same run with the same read path.
+//!
+//! Per decode step: t_io = bytes read / disk bandwidth (the I/O bound), t_compute = step time minus the time
+//! the model waited for reads (what the step costs with the bytes at hand), efficiency = max(t_io, t_compute)
+//! / t_step. Medians over the steps of several runs.
+
+use crate::store_args::{parse_size, StoreArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_store::{probe, Snapshot};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Where the bench model (about 10 GB) is created once and kept (default: the demo's cache directory).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Decode steps measured per run.
+    #[arg(long, default_value_t = 6)]
+    tokens: usize,
+    /// Runs per configuration (each on a fresh session and a fresh store; the median step is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The cache budget of the second configuration.
+    #[arg(long, default_value = "4G")]
+    budget: String,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Step {
+    secs: f64,
+    bytes: u64,
+    wait: f64,
+    /// Time the drive had reads outstanding.
+    busy: f64,
+    requests: u64,
+    hits: u64,
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.tokens == 0 || a.runs == 0 {
+        bail!("--tokens and --runs must be at least 1");
+    }
+    let cache = match &a.cache_dir {
+        Some(d) => d.clone(),
+        None => crate::default_cache_dir()?,
+    };
+    let dir = cache.join("kimi_k3-bench-seed0");
+    if !dir.join("config.json").exists() {
+        eprintln!("creating the bench model (about 10 GB) in {} ...", dir.display());
+        crate::create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ()))?;
+    }
+    // The drive, measured through the engine's read path on the model's own largest shard — before every
+    // configuration, since a shared virtual disk's speed drifts; the median is the bound.
+    let shard = largest_shard(&dir)?;
+    let measure = || probe::probe(&shard, 1 << 30, 17_547_264, 1 << 20, 8, true);
+    let disk = measure()?;
+    let mut probes = vec![disk.gbps()];
+    let dd_gbps = dd_direct(&shard);
+
+    let budget = parse_size(&a.budget)?;
+    let mut configs = Vec::new();
+    for (name, cache_bytes, prefetch) in
+        [("cold, lookahead off", 0, false), ("cold, lookahead on", 0, true), ("budget, lookahead on", budget, true)]
+    {
+        probes.push(measure()?.gbps());
+        let mut steps = Vec::new();
+        for run in 0..a.runs {
+            let mut store = StoreArgs { expert_cache: Some(cache_bytes.to_string()), ..StoreArgs::default() };
+            store.no_prefetch = !prefetch;
+            let model = Model::load_with(&dir, &store.load_options()?)?;
+            steps.extend(decode_steps(&model, a.tokens, run as u32)?);
+        }
+        configs.push((name, cache_bytes, prefetch, steps));
+    }
+    let disk_gbps = median(probes.clone());
+    let configs: Vec<_> =
+        configs.into_iter().map(|(n, c, p, steps)| (n, c, p, summarize(&steps, disk_gbps))).collect();
+
+    if a.json {
+        let out = json!({
+            "machine": machine(),
+            "disk_gbps": disk_gbps,
+            "disk_probes_gbps": probes,
+            "dd_direct_gbps": dd_gbps,
+            "io_mode": format!("{:?}", disk.mode),
+            "record_bytes": 17_547_264,
+            "configs": configs.iter().map(|(name, cache, prefetch, s)| json!({
+                "name": name, "expert_cache_bytes": cache, "prefetch": prefetch,
+                "tok_per_s": s.tok_per_s, "step_s": s.step, "bytes_per_token": s.bytes,
+                "achieved_read_gbps": s.read_gbps, "hit_rate": s.hit_rate,
+                "t_io_s": s.t_io, "t_compute_s": s.t_compute, "efficiency": s.efficiency,
+                "drive_busy_fraction": s.busy,
+            })).collect::<Vec<_>>(),
+            // The headline keys: the cold configuration with lookahead on.
+            "achieved_read_gbps": configs[1].3.read_gbps,
+            "tok_per_s": configs[1].3.tok_per_s,
+            "efficiency": configs[1].3.efficiency,
+            "hit_rate": configs[2].3.hit_rate,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("machine: {}", machine());
+        println!(
+            "drive: {disk_gbps:.3} GB/s median of {} probes {:?} through deltafin's read path ({:?} I/O, 8 reads in flight); dd iflag=direct: {}",
+            probes.len(),
+            probes.iter().map(|p| format!("{p:.3}")).collect::<Vec<_>>(),
+            disk.mode,
+            dd_gbps.map_or("n/a".to_string(), |g| format!("{g:.3} GB/s"))
+        );
+        println!(
+            "{:<22} {:>8} {:>8} {:>10} {:>9} {:>7} {:>8} {:>8} {:>6} {:>6}",
+            "config", "tok/s", "step s", "MB/token", "read GB/s", "hit %", "t_io s", "t_comp s", "eff", "busy"
+        );
+        for (name, _, _, s) in &configs {
+            println!(
+                "{:<22} {:>8.3} {:>8.3} {:>10.1} {:>9.3} {:>7.1} {:>8.3} {:>8.3} {:>6.3} {:>6.3}",
+                name,
+                s.tok_per_s,
+                s.step,
+                s.bytes / 1e6,
+                s.read_gbps,
+                100.0 * s.hit_rate,
+                s.t_io,
+                s.t_compute,
+                s.efficiency,
+                s.busy
+            );
+        }
+        println!("(medians over {} decode steps per config; read GB/s = bytes read / step time)", a.runs * a.tokens);
+    }
+    Ok(())
+}
+
+/// `tokens` greedy decode steps after a 2-token prompt whose ids depend on `seed` (rotating prompts).
+fn decode_steps(model: &Model, tokens: usize, seed: u32) -> Result<Vec<Step>> {
+    let stats = Stats::default();
+    let mut session = model.new_session();
+    let prompt = [17 + 31 * seed, 400 + 7 * seed];
+    let logits = model.forward(&mut session, &prompt, LogitRows::Last, &stats)?;
+    let mut next = deltafin_engine::sampler::argmax(&logits);
+    let mut steps = Vec::with_capacity(tokens);
+    for _ in 0..tokens {
+        let before: Snapshot = model.store().snapshot();
+        let t0 = Instant::now();
+        let logits = model.forward(&mut session, &[next], LogitRows::Last, &stats)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let d = model.store().snapshot().since(&before);
+        steps.push(Step {
+            secs,
+            bytes: d.bytes_read(),
+            wait: d.wait_secs,
+            busy: d.disk_busy_secs,
+            requests: d.requests,
+            hits: d.hits + d.prefetch_hits,
+        });
+        next = deltafin_engine::sampler::argmax(&logits);
+    }
+    Ok(steps)
+}
+
+struct Summary {
+    busy: f64,
+    step: f64,
+    tok_per_s: f64,
+    bytes: f64,
+    read_gbps: f64,
+    hit_rate: f64,
+    t_io: f64,
+    t_compute: f64,
+    efficiency: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn summarize(steps: &[Step], disk_gbps: f64) -> Summary {
+    let step = median(steps.iter().map(|s| s.secs).collect());
+    let t_io = median(steps.iter().map(|s| s.bytes as f64 / (disk_gbps * 1e9)).collect());
+    let t_compute = median(steps.iter().map(|s| (s.secs - s.wait).max(0.0)).collect());
+    Summary {
+        busy: median(steps.iter().map(|s| s.busy / s.secs).collect()),
+        step,
+        tok_per_s: 1.0 / step,
+        bytes: median(steps.iter().map(|s| s.bytes as f64).collect()),
+        read_gbps: median(steps.iter().map(|s| s.bytes as f64 / s.secs / 1e9).collect()),
+        hit_rate: steps.iter().map(|s| s.hits).sum::<u64>() as f64 / steps.iter().map(|s| s.requests).sum::<u64>().max(1) as f64,
+        t_io,
+        t_compute,
+        efficiency: median(
+            steps
+                .iter()
+                .map(|s| (s.bytes as f64 / (disk_gbps * 1e9)).max((s.secs - s.wait).max(0.0)) / s.secs)
+                .collect(),
+        ),
+    }
+}
+
+fn largest_shard(dir: &Path) -> Result<PathBuf> {
+    std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .map(|e| e.path())
+        .with_context(|| format!("{} has no shards", dir.display()))
+}
+
+/// The cross-check: `dd iflag=direct` over the same file (None where dd is missing or refuses).
+fn dd_direct(file: &Path) -> Option<f64> {
+    let out = std::process::Command::new("dd")
+        .arg(format!("if={}", file.display()))
+        .args(["of=/dev/null", "bs=4M", "count=256", "iflag=direct"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    // "... bytes (...) copied, 1.23 s, 870 MB/s"
+    let line = text.lines().find(|l| l.contains("copied"))?;
+    let bytes: f64 = line.split_whitespace().next()?.parse().ok()?;
+    let secs: f64 = line.split(", ").find(|p| p.ends_with(" s"))?.trim_end_matches(" s").parse().ok()?;
+    Some(bytes / secs / 1e9)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!(
+        "{cpu}, {} threads, {:.0} GiB RAM, kernels {}",
+        rayon::current_num_threads(),
+        crate::store_args::physical_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        deltafin_kernels::isa()
+    )
+}

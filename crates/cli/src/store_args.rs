@@ -1,0 +1,117 @@
+//! Flags that choose where routed experts are read from and how (shared by every command that loads a model).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use deltafin_models::LoadOptions;
+use deltafin_store::policy::Policy;
+use deltafin_store::StoreOptions;
+use std::path::PathBuf;
+
+#[derive(Args, Clone, Debug)]
+pub struct StoreArgs {
+    /// RAM for cached expert records, e.g. 8G, 512M or 0 (no cache beyond one layer's working set).
+    /// Default: a quarter of physical memory, leaving the OS room for everything else.
+    #[arg(long, value_name = "SIZE")]
+    pub expert_cache: Option<String>,
+    /// Read routed experts from this pack (made by `deltafin pack`; any one of its stripe directories).
+    #[arg(long, value_name = "DIR")]
+    pub pack: Option<PathBuf>,
+    /// Eviction policy of the expert cache: lru, lfu (decayed frequency) or blend.
+    #[arg(long, default_value = "lru")]
+    pub cache_policy: Policy,
+    /// Turn off lookahead prefetch (the next layer's router predicting its experts).
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Read through the page cache instead of direct I/O (O_DIRECT).
+    #[arg(long)]
+    pub buffered_io: bool,
+    /// Reads in flight per drive.
+    #[arg(long, default_value_t = 8)]
+    pub io_workers: usize,
+}
+
+impl StoreArgs {
+    pub fn load_options(&self) -> Result<LoadOptions> {
+        let cache_bytes = match &self.expert_cache {
+            Some(s) => parse_size(s)?,
+            None => physical_memory().unwrap_or(0) / 4,
+        };
+        if self.io_workers == 0 {
+            bail!("--io-workers must be at least 1");
+        }
+        Ok(LoadOptions {
+            store: StoreOptions {
+                cache_bytes,
+                direct_io: !self.buffered_io,
+                workers_per_drive: self.io_workers,
+                policy: self.cache_policy,
+                prefetch: !self.no_prefetch,
+                ..StoreOptions::default()
+            },
+            pack: self.pack.clone(),
+        })
+    }
+}
+
+impl Default for StoreArgs {
+    fn default() -> Self {
+        StoreArgs {
+            expert_cache: None,
+            pack: None,
+            cache_policy: Policy::Lru,
+            no_prefetch: false,
+            buffered_io: false,
+            io_workers: 8,
+        }
+    }
+}
+
+/// "8G", "512M", "64k", "1.5G" or plain bytes (binary units).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let unit = t[i..].to_ascii_uppercase();
+            let mult: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+                "" => 1,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                _ => bail!("size {s:?} has an unknown unit; use K, M, G or T (e.g. 8G)"),
+            };
+            (&t[..i], mult)
+        }
+        None => (t, 1),
+    };
+    let v: f64 = num.trim().parse().with_context(|| format!("size {s:?} is not a number with an optional unit (e.g. 8G)"))?;
+    if !(v >= 0.0 && v.is_finite()) {
+        bail!("size {s:?} must be a non-negative number");
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// MemTotal from /proc/meminfo.
+pub fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_reject_garbage() {
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert!(parse_size("8Q").unwrap_err().to_string().contains("unknown unit"));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! `pack` and `disk-probe`: building expert packs and measuring drives.
+
+use crate::store_args::parse_size;
+use anyhow::{bail, Result};
+use clap::Args;
+use deltafin_store::{pack, probe};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct PackArgs {
+    /// The checkpoint directory whose routed experts are packed.
+    #[arg(long)]
+    model: PathBuf,
+    /// One output directory per drive (repeat the flag to stripe over several drives).
+    #[arg(long = "out", required = true)]
+    outs: Vec<PathBuf>,
+    /// Stripe weights, one per --out (e.g. 2,1 puts twice the bytes on the first drive). Default: measured
+    /// read bandwidth of each directory's drive when there are several, else 1.
+    #[arg(long, value_delimiter = ',')]
+    weights: Option<Vec<f64>>,
+}
+
+#[derive(Args)]
+pub struct DiskProbeArgs {
+    /// Directory on the drive to measure (a probe file is written there once and reused).
+    #[arg(default_value = ".")]
+    dir: PathBuf,
+    /// Bytes read per measurement.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Record size of the scattered reads (a K3 expert is 17,547,264 bytes).
+    #[arg(long, default_value_t = 17_547_264)]
+    record: usize,
+    /// Chunk size each record is split into.
+    #[arg(long, default_value = "1M")]
+    chunk: String,
+    /// Reads in flight; several values are measured in turn (e.g. 1,4,8,16).
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    workers: Vec<usize>,
+    /// Read through the page cache (the probe file's pages are dropped first) instead of O_DIRECT.
+    #[arg(long)]
+    buffered_io: bool,
+}
+
+pub fn pack(a: PackArgs) -> Result<()> {
+    let (sources, layers, record_len) = deltafin_models::expert_sources(&a.model)?;
+    let identity = deltafin_models::model_identity(&a.model)?;
+    let weights = match a.weights {
+        Some(w) => w,
+        None if a.outs.len() == 1 => vec![1.0],
+        None => a
+            .outs
+            .iter()
+            .map(|d| {
+                std::fs::create_dir_all(d)?;
+                let f = probe::probe_file(d, 256 << 20)?;
+                let r = probe::probe(&f, 256 << 20, 4 << 20, 1 << 20, 8, true)?;
+                let _ = std::fs::remove_file(&f);
+                eprintln!("{}: {:.2} GB/s", d.display(), r.gbps());
+                Ok(r.gbps())
+            })
+            .collect::<Result<Vec<f64>>>()?,
+    };
+    let total: usize = layers.iter().map(Vec::len).sum();
+    if total == 0 {
+        bail!("{} has no routed experts to pack", a.model.display());
+    }
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template("packing {bar:40} {pos}/{len} experts ({eta} left)").unwrap());
+    let m = pack::write_pack(&sources, &layers, record_len, &identity, &a.outs, &weights, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    println!(
+        "packed {} experts of {} bytes into {} stripe(s): {}",
+        m.records.len(),
+        m.record_len,
+        m.stripes.len(),
+        m.stripes.iter().map(|s| s.display().to_string()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
+    let size = parse_size(&a.size)?;
+    let chunk = parse_size(&a.chunk)? as usize;
+    if chunk == 0 || chunk % deltafin_store::io::ALIGN != 0 || a.record == 0 {
+        bail!("--chunk must be a positive multiple of 4096 and --record positive");
+    }
+    std::fs::create_dir_all(&a.dir)?;
+    let file = probe::probe_file(&a.dir, size)?;
+    for &w in &a.workers {
+        probe::drop_cache(&file);
+        let r = probe::probe(&file, size, a.record, chunk, w.max(1), !a.buffered_io)?;
+        println!(
+            "{}: {:.3} GB/s ({} MB in {:.2}s, {:?} I/O, {} reads in flight, {} KiB chunks)",
+            a.dir.display(),
+            r.gbps(),
+            r.bytes / 1_000_000,
+            r.secs,
+            r.mode,
+            r.workers,
+            chunk / 1024
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The expert store (issue: streaming): logits are bit-identical whatever the cache, prefetch, I/O mode,
+//! packing and striping; damaged packs and missing stripes are clear errors.
+
+mod common;
+use common::*;
+use deltafin_makemodel::Arch;
+use deltafin_models::{LoadOptions, LogitRows, Model, Stats};
+use deltafin_store::StoreOptions;
+use std::path::{Path, PathBuf};
+
+const PROMPT: [u32; 6] = [5, 300, 17, 42, 511, 99];
+
+/// Prefill + 5 greedy steps, every logit as bits.
+fn logits(dir: &Path, opts: &LoadOptions) -> Vec<u32> {
+    let model = Model::load_with(dir, opts).unwrap();
+    let stats = Stats::default();
+    let mut s = model.new_session();
+    let mut all = model.forward(&mut s, &PROMPT, LogitRows::All, &stats).unwrap();
+    let vocab = model.config().vocab_size;
+    for _ in 0..5 {
+        let last: Vec<f64> = all[all.len() - vocab..].iter().map(|&x| x as f64).collect();
+        let next = argmax(&last);
+        all.extend(model.forward(&mut s, &[next], LogitRows::Last, &stats).unwrap());
+    }
+    all.iter().map(|x| x.to_bits()).collect()
+}
+
+fn opts(cache_bytes: u64, prefetch: bool, direct_io: bool, pack: Option<PathBuf>) -> LoadOptions {
+    LoadOptions {
+        store: StoreOptions { cache_bytes, prefetch, direct_io, ..StoreOptions::default() },
+        pack,
+    }
+}
+
+fn pack(model: &Path, outs: &[PathBuf]) {
+    let mut cmd = bin();
+    cmd.arg("pack").arg("--model").arg(model);
+    for o in outs {
+        cmd.arg("--out").arg(o);
+    }
+    if outs.len() > 1 {
+        // Fixed weights: measuring bandwidth in a test would only add noise.
+        cmd.arg("--weights").arg(vec!["1"; outs.len()].join(","));
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "pack failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn logits_are_identical_across_cache_prefetch_io_mode_packing_and_striping() {
+    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+        let t = tiny(arch, 11);
+        let m = model_dir(&t);
+        let reference = logits(&m, &opts(0, false, false, None));
+        let one = t.path().join("one");
+        pack(&m, &[one.clone()]);
+        let three: Vec<PathBuf> = (0..3).map(|i| t.path().join(format!("stripe{i}"))).collect();
+        pack(&m, &three);
+        for (what, o) in [
+            ("cache on", opts(64 << 20, false, false, None)),
+            ("prefetch on", opts(0, true, false, None)),
+            ("cache + prefetch", opts(64 << 20, true, false, None)),
+            ("direct I/O", opts(0, true, true, None)),
+            ("packed", opts(0, true, true, Some(one.clone()))),
+            ("3 stripes", opts(1 << 20, true, true, Some(three[1].clone()))),
+            ("3 stripes, buffered", opts(0, false, false, Some(three[2].clone()))),
+        ] {
+            assert!(logits(&m, &o) == reference, "{arch:?}: logits differ with {what}");
+        }
+    }
+}
+
+#[test]
+fn a_warm_cache_serves_repeats_without_reading() {
+    let t = tiny(Arch::KimiK3, 12);
+    let model = Model::load_with(&model_dir(&t), &opts(64 << 20, false, false, None)).unwrap();
+    let stats = Stats::default();
+    model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats).unwrap();
+    let before = model.store().snapshot();
+    model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats).unwrap();
+    let d = model.store().snapshot().since(&before);
+    assert_eq!(d.bytes_read(), 0, "the same prompt again must be served from the cache");
+    assert_eq!(d.hits, d.requests);
+}
+
+#[test]
+fn corrupted_pack_record_is_an_error_naming_layer_expert_and_file() {
+    let t = tiny(Arch::KimiK3, 13);
+    let m = model_dir(&t);
+    let dir = t.path().join("pack");
+    pack(&m, &[dir.clone()]);
+    // Flip one byte in every record so whichever is routed first is caught.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let file = dir.join("experts-0.bin");
+    let mut bytes = std::fs::read(&file).unwrap();
+    for r in manifest["records"].as_array().unwrap() {
+        bytes[r["offset"].as_u64().unwrap() as usize + 7] ^= 0x40;
+    }
+    std::fs::write(&file, bytes).unwrap();
+    let out = bin()
+        .arg("run")
+        .arg("--model")
+        .arg(&m)
+        .arg("--pack")
+        .arg(&dir)
+        .args(["--prompt-ids", "1,2", "--max-new", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("checksum mismatch") && err.contains("expert") && err.contains("experts-0.bin"), "{err}");
+}
+
+#[test]
+fn missing_stripe_and_unfinished_pack_are_reported_at_startup() {
+    let t = tiny(Arch::KimiK3, 14);
+    let m = model_dir(&t);
+    let stripes: Vec<PathBuf> = (0..2).map(|i| t.path().join(format!("s{i}"))).collect();
+    pack(&m, &stripes);
+    std::fs::rename(&stripes[1], t.path().join("moved")).unwrap();
+    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone()))).err().unwrap();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("stripe directory") && msg.contains("s1") && msg.contains("missing"), "{msg}");
+
+    std::fs::remove_file(stripes[0].join("manifest.json")).unwrap();
+    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone()))).err().unwrap();
+    assert!(format!("{err:#}").contains("not a finished pack"), "{err:#}");
+}
+
+#[test]
+fn an_interrupted_pack_resumes_where_it_stopped() {
+    let t = tiny(Arch::KimiK3, 15);
+    let m = model_dir(&t);
+    let whole = t.path().join("whole");
+    pack(&m, &[whole.clone()]);
+    let expected = std::fs::read(whole.join("experts-0.bin")).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(whole.join("manifest.json")).unwrap()).unwrap();
+
+    // A crash part-way leaves the plan, a partial data file cut mid-record, and no manifest.
+    let resumed = t.path().join("resumed");
+    std::fs::create_dir_all(&resumed).unwrap();
+    let plan = serde_json::json!({
+        "model_identity": manifest["model_identity"], "record_len": manifest["record_len"],
+        "stripes": [resumed.canonicalize().unwrap()], "weights": [1.0], "layout_version": manifest["layout_version"],
+    });
+    std::fs::write(resumed.join("plan.json"), plan.to_string()).unwrap();
+    let mut partial = expected[..expected.len() / 2 + 1234].to_vec();
+    // A marker in the kept part shows the resumed run did not rewrite it.
+    partial[100] ^= 0xff;
+    std::fs::write(resumed.join("experts-0.bin.partial"), &partial).unwrap();
+
+    pack(&m, &[resumed.clone()]);
+    let got = std::fs::read(resumed.join("experts-0.bin")).unwrap();
+    assert_eq!(got.len(), expected.len());
+    assert_eq!(got[100], expected[100] ^ 0xff, "records already written were kept, not rewritten");
+    assert_eq!(got[101..], expected[101..], "the rest was completed exactly");
+    assert!(resumed.join("manifest.json").exists() && !resumed.join("plan.json").exists());
+}

@@ -1,0 +1,457 @@
+//! Serving several requests from one model: a dedicated worker thread (model work is CPU-bound and must not
+//! run on an async runtime) admits jobs from a bounded queue and round-robins one forward pass per active job
+//! — a prefill chunk or one token — so a long prompt or a long answer cannot starve the others. Between
+//! passes it polls each job for cancellation and drops a cancelled one at once, freeing its session. Finished
+//! prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends one resumes there.
+
+use crate::{
+    logprobs, session_bytes, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob,
+};
+use deltafin_models::{Model, Stats};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Jobs computed concurrently, interleaved one pass at a time.
+    pub max_active: usize,
+    /// Jobs that may wait for a free active slot; a submit beyond that is rejected.
+    pub queue_capacity: usize,
+    /// Most prompt tokens per pass, so a long prefill lets the other jobs advance between its chunks.
+    pub prefill_chunk: usize,
+    /// Memory for reusable conversation state (0 turns prefix reuse off).
+    pub prefix_cache_bytes: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_active: 4,
+            queue_capacity: 16,
+            prefill_chunk: 256,
+            prefix_cache_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Where a job's results go. Every method runs on the worker thread, so each must be quick.
+pub trait Sink: Send {
+    /// The whole prompt is consumed; `cached_tokens` of it came from the prefix cache.
+    fn prefilled(&mut self, _prompt_tokens: usize, _cached_tokens: usize) -> Flow {
+        Flow::Continue
+    }
+    /// A generated token, with its log-probabilities when the job asked for them. `Flow::Stop` ends the job
+    /// normally (e.g. a stop string matched), with [`FinishReason::Caller`].
+    fn token(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Flow;
+    /// Called exactly once, unless the job was cancelled.
+    fn finished(&mut self, result: Result<Finished, String>);
+    /// Polled before every pass: `true` drops the job at once.
+    fn cancelled(&self) -> bool;
+}
+
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+}
+
+pub struct Job {
+    pub request: Request,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives.
+    pub top_logprobs: Option<usize>,
+    pub sink: Box<dyn Sink>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejected {
+    /// Every active slot and queue place is taken; try again later.
+    QueueFull,
+    /// The scheduler is closing and accepts no new work.
+    ShuttingDown,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rejected::QueueFull => "the request queue is full",
+            Rejected::ShuttingDown => "the server is shutting down",
+        })
+    }
+}
+
+/// What the worker has done so far (read by metrics endpoints).
+#[derive(Default)]
+pub struct Counters {
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of computed.
+    pub cached_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    pub prefill_ns: AtomicU64,
+    pub decode_ns: AtomicU64,
+    pub queued: AtomicU64,
+    pub active: AtomicU64,
+    pub prefix_cache_entries: AtomicU64,
+    pub prefix_cache_bytes: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
+    pub prefix_cache_misses: AtomicU64,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Jobs the worker holds (admitted, not yet finished).
+    active: usize,
+    closing: bool,
+}
+
+struct Shared {
+    cfg: SchedulerConfig,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    abort: AtomicBool,
+    counters: Counters,
+    stats: Stats,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // The queue holds no invariant a panic could break half-way; keep serving.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Scheduler {
+    /// Starts the worker thread for `model`.
+    pub fn start(model: Arc<Model>, cfg: SchedulerConfig) -> std::io::Result<Scheduler> {
+        let shared = Arc::new(Shared {
+            cfg: SchedulerConfig {
+                max_active: cfg.max_active.max(1),
+                prefill_chunk: cfg.prefill_chunk.max(1),
+                ..cfg
+            },
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                active: 0,
+                closing: false,
+            }),
+            wake: Condvar::new(),
+            abort: AtomicBool::new(false),
+            counters: Counters::default(),
+            stats: Stats::default(),
+        });
+        let worker_shared = shared.clone();
+        let worker = std::thread::Builder::new()
+            .name("deltafin-scheduler".into())
+            .spawn(move || Worker::new(model, worker_shared).run())?;
+        Ok(Scheduler {
+            shared,
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    /// Queues `job`, or rejects it at once when the queue is full or closing (the job is dropped).
+    pub fn submit(&self, job: Job) -> Result<(), Rejected> {
+        let mut q = self.shared.lock();
+        if q.closing {
+            return Err(Rejected::ShuttingDown);
+        }
+        if q.jobs.len() + q.active >= self.shared.cfg.max_active + self.shared.cfg.queue_capacity {
+            return Err(Rejected::QueueFull);
+        }
+        q.jobs.push_back(job);
+        self.shared
+            .counters
+            .queued
+            .store(q.jobs.len() as u64, Ordering::Relaxed);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Accept no new jobs; those queued and active still run to completion.
+    pub fn close(&self) {
+        self.shared.lock().closing = true;
+        self.shared.wake.notify_one();
+    }
+
+    /// Close, and end every queued and active job now with an error.
+    pub fn abort(&self) {
+        self.shared.abort.store(true, Ordering::Relaxed);
+        self.close();
+    }
+
+    /// Waits for the worker to exit (after [`Self::close`] once the work is done, or [`Self::abort`]).
+    pub fn join(&self) {
+        let handle = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = handle {
+            // The worker catches panics per job; a panic escaping it has already been reported.
+            let _ = h.join();
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.shared.cfg
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Expert I/O of every pass the worker ran.
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.abort();
+        self.join();
+    }
+}
+
+struct Active {
+    job: Job,
+    gen: Generation,
+}
+
+enum Outcome {
+    Running,
+    /// Finished normally (its state can go to the prefix cache).
+    Done,
+    Dropped,
+}
+
+struct Worker {
+    model: Arc<Model>,
+    shared: Arc<Shared>,
+    cache: PrefixCache,
+}
+
+impl Worker {
+    fn new(model: Arc<Model>, shared: Arc<Shared>) -> Worker {
+        let cache = PrefixCache::new(shared.cfg.prefix_cache_bytes);
+        Worker {
+            model,
+            shared,
+            cache,
+        }
+    }
+
+    fn run(mut self) {
+        let mut active: Vec<Active> = Vec::new();
+        loop {
+            let (admitted, closing) = self.admit(active.len());
+            let Some(admitted) = admitted else {
+                return;
+            };
+            if self.shared.abort.load(Ordering::Relaxed) {
+                for mut a in active.drain(..) {
+                    a.job.sink.finished(Err(Rejected::ShuttingDown.to_string()));
+                }
+                for mut job in admitted {
+                    job.sink.finished(Err(Rejected::ShuttingDown.to_string()));
+                }
+                self.set_active(0);
+                if closing {
+                    return;
+                }
+                continue;
+            }
+            for job in admitted {
+                if let Some(a) = self.start(job) {
+                    active.push(a);
+                }
+            }
+            let mut still = Vec::with_capacity(active.len());
+            for mut a in active.drain(..) {
+                match catch_unwind(AssertUnwindSafe(|| self.pass(&mut a))) {
+                    Ok(Outcome::Running) => still.push(a),
+                    Ok(Outcome::Done) => self.remember(a.gen),
+                    Ok(Outcome::Dropped) => {}
+                    Err(panic) => {
+                        let what = panic_message(&panic);
+                        self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        let sink = &mut a.job.sink;
+                        let _ = catch_unwind(AssertUnwindSafe(|| {
+                            sink.finished(Err(format!("internal error: {what}")))
+                        }));
+                    }
+                }
+            }
+            active = still;
+            self.set_active(active.len());
+        }
+    }
+
+    /// Takes queued jobs into free active slots, sleeping while there is nothing to do. `None`: exit.
+    fn admit(&self, n_active: usize) -> (Option<Vec<Job>>, bool) {
+        let mut q = self.shared.lock();
+        loop {
+            let aborting = self.shared.abort.load(Ordering::Relaxed);
+            let mut admitted = Vec::new();
+            while aborting || n_active + admitted.len() < self.shared.cfg.max_active {
+                match q.jobs.pop_front() {
+                    Some(job) => admitted.push(job),
+                    None => break,
+                }
+            }
+            q.active = n_active + admitted.len();
+            let c = &self.shared.counters;
+            c.queued.store(q.jobs.len() as u64, Ordering::Relaxed);
+            if n_active > 0 || !admitted.is_empty() || aborting {
+                return (Some(admitted), q.closing);
+            }
+            if q.closing {
+                return (None, true);
+            }
+            q = self.shared.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn set_active(&self, n: usize) {
+        self.shared.lock().active = n;
+        self.shared
+            .counters
+            .active
+            .store(n as u64, Ordering::Relaxed);
+    }
+
+    fn start(&mut self, mut job: Job) -> Option<Active> {
+        if job.sink.cancelled() {
+            self.shared
+                .counters
+                .cancelled
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let resume = if job.request.prompt_logits || self.cache.budget_bytes() == 0 {
+            None
+        } else {
+            self.cache.lookup(&job.request.prompt)
+        };
+        self.publish_cache();
+        match Generation::new(&self.model, &job.request, resume) {
+            Ok(gen) => Some(Active { job, gen }),
+            Err(e) => {
+                self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                job.sink.finished(Err(format!("{e:#}")));
+                None
+            }
+        }
+    }
+
+    /// One forward pass of `a`.
+    fn pass(&mut self, a: &mut Active) -> Outcome {
+        let c = &self.shared.counters;
+        if a.job.sink.cancelled() {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+            return Outcome::Dropped;
+        }
+        let was_prefilled = a.gen.prefilled();
+        let t0 = Instant::now();
+        let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
+        let step = a.gen.step(
+            &self.model,
+            &self.shared.stats,
+            self.shared.cfg.prefill_chunk,
+            |token, logits| {
+                c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+                sink.token(token, top.map(|n| logprobs(logits, token, n)))
+            },
+        );
+        let ns = t0.elapsed().as_nanos() as u64;
+        if was_prefilled {
+            &c.decode_ns
+        } else {
+            &c.prefill_ns
+        }
+        .fetch_add(ns, Ordering::Relaxed);
+        let finish = match step {
+            Ok(f) => f,
+            Err(e) => {
+                c.failed.fetch_add(1, Ordering::Relaxed);
+                a.job.sink.finished(Err(format!("{e:#}")));
+                return Outcome::Dropped;
+            }
+        };
+        if !was_prefilled && a.gen.prefilled() {
+            let (n, cached) = (a.gen.prompt_len(), a.gen.reused());
+            c.prompt_tokens.fetch_add(n as u64, Ordering::Relaxed);
+            c.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+            // The prompt's own state: a regenerated answer or a next turn that keeps this prompt resumes here.
+            if cached < n && finish.is_none() && self.cache.budget_bytes() > 0 {
+                if let Some((tokens, session, logits)) = a.gen.snapshot() {
+                    let bytes = session_bytes(&self.model, &session);
+                    self.cache.insert(tokens, session, logits, bytes);
+                    self.publish_cache();
+                }
+            }
+            if a.job.sink.prefilled(n, cached) == Flow::Stop {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                return Outcome::Dropped;
+            }
+        }
+        let Some(reason) = finish else {
+            return Outcome::Running;
+        };
+        c.completed.fetch_add(1, Ordering::Relaxed);
+        a.job.sink.finished(Ok(Finished {
+            reason,
+            prompt_tokens: a.gen.prompt_len(),
+            cached_tokens: a.gen.reused(),
+            completion_tokens: a.gen.tokens().len(),
+            prefill_secs: a.gen.prefill_secs(),
+            decode_secs: a.gen.decode_secs(),
+        }));
+        Outcome::Done
+    }
+
+    /// Keeps a finished conversation's state for a follow-up request.
+    fn remember(&mut self, gen: Generation) {
+        if self.cache.budget_bytes() == 0 {
+            return;
+        }
+        if let Some((tokens, session, logits)) = gen.into_snapshot() {
+            let bytes = session_bytes(&self.model, &session);
+            self.cache.insert(tokens, session, logits, bytes);
+            self.publish_cache();
+        }
+    }
+
+    fn publish_cache(&self) {
+        let c = &self.shared.counters;
+        c.prefix_cache_entries
+            .store(self.cache.len() as u64, Ordering::Relaxed);
+        c.prefix_cache_bytes
+            .store(self.cache.used_bytes() as u64, Ordering::Relaxed);
+        c.prefix_cache_hits
+            .store(self.cache.hits(), Ordering::Relaxed);
+        c.prefix_cache_misses
+            .store(self.cache.misses(), Ordering::Relaxed);
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic in the generation worker".into()
+    }
+}

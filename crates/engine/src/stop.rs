@@ -1,0 +1,183 @@
+//! Text-level stopping, fed by the caller with each token's decoded bytes (the engine's loop never sees the
+//! tokenizer): [`StopMatcher`] finds stop strings across token boundaries and holds back bytes that might be
+//! the start of one, so a stop string is never emitted; [`Utf8Stream`] turns the released bytes into text
+//! without splitting a character.
+
+/// What one [`StopMatcher::push`] releases.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Released {
+    /// Bytes that can no longer be part of a stop string (when `stopped`: everything before the match).
+    pub bytes: Vec<u8>,
+    /// A stop string matched; generation should end, and nothing after the match is ever released.
+    pub stopped: bool,
+}
+
+pub struct StopMatcher {
+    stops: Vec<Vec<u8>>,
+    held: Vec<u8>,
+    stopped: bool,
+}
+
+impl StopMatcher {
+    /// Empty stop strings are ignored (they would match everywhere).
+    pub fn new<S: AsRef<[u8]>>(stops: &[S]) -> StopMatcher {
+        StopMatcher {
+            stops: stops
+                .iter()
+                .map(|s| s.as_ref().to_vec())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            held: Vec::new(),
+            stopped: false,
+        }
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) -> Released {
+        if self.stopped {
+            return Released {
+                bytes: Vec::new(),
+                stopped: true,
+            };
+        }
+        self.held.extend_from_slice(bytes);
+        let first_match = self.stops.iter().filter_map(|s| find(&self.held, s)).min();
+        if let Some(at) = first_match {
+            self.stopped = true;
+            let mut before = std::mem::take(&mut self.held);
+            before.truncate(at);
+            return Released {
+                bytes: before,
+                stopped: true,
+            };
+        }
+        // Keep the longest tail that is a proper prefix of some stop string.
+        let keep = self
+            .stops
+            .iter()
+            .map(|s| {
+                (1..s.len().min(self.held.len() + 1))
+                    .rev()
+                    .find(|&k| self.held.ends_with(&s[..k]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0);
+        let tail = self.held.split_off(self.held.len() - keep);
+        Released {
+            bytes: std::mem::replace(&mut self.held, tail),
+            stopped: false,
+        }
+    }
+
+    /// At the end of generation: the held-back bytes (they never completed a stop string).
+    pub fn flush(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Bytes in, whole characters out: an incomplete UTF-8 sequence at the end waits for the next bytes;
+/// invalid bytes become U+FFFD.
+#[derive(Default)]
+pub struct Utf8Stream {
+    buf: Vec<u8>,
+}
+
+impl Utf8Stream {
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.buf.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.buf) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.buf.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    // The prefix was just validated.
+                    out.push_str(&String::from_utf8_lossy(&self.buf[..valid]));
+                    match e.error_len() {
+                        None => {
+                            self.buf.drain(..valid);
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push(char::REPLACEMENT_CHARACTER);
+                            self.buf.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// At the end: whatever is left, lossily.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.buf).into_owned();
+        self.buf.clear();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `pieces` and returns (released text, stopped).
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher::new(stops);
+        let mut out = Vec::new();
+        for p in pieces {
+            let r = m.push(p.as_bytes());
+            out.extend(r.bytes);
+            if r.stopped {
+                return (String::from_utf8(out).unwrap(), true);
+            }
+        }
+        out.extend(m.flush());
+        (String::from_utf8(out).unwrap(), false)
+    }
+
+    #[test]
+    fn a_stop_split_across_tokens_is_found_and_never_released() {
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "D tail"]),
+            ("hello ".into(), true)
+        );
+        assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn a_false_start_is_released_once_it_cannot_match() {
+        let mut m = StopMatcher::new(&["abc"]);
+        assert_eq!(m.push(b"xa").bytes, b"x");
+        assert_eq!(m.push(b"b").bytes, b"");
+        assert_eq!(m.push(b"d").bytes, b"abd");
+        assert_eq!(run(&["abc"], &["ab"]), ("ab".into(), false));
+    }
+
+    #[test]
+    fn the_earliest_of_several_stops_wins() {
+        assert_eq!(run(&["zz", "b"], &["abzz"]), ("a".into(), true));
+        assert_eq!(run(&["", "q"], &["abc"]), ("abc".into(), false));
+    }
+
+    #[test]
+    fn utf8_characters_are_never_split() {
+        let bytes = "é€😀".as_bytes();
+        let mut u = Utf8Stream::default();
+        let mut out = String::new();
+        for b in bytes {
+            out.push_str(&u.push(&[*b]));
+        }
+        assert_eq!(out, "é€😀");
+        assert_eq!(u.push(&[b'a', 0xff, b'b']), "a\u{fffd}b");
+        assert_eq!(u.push(&[0xe2, 0x82]), "");
+        assert_eq!(u.finish(), "\u{fffd}");
+    }
+}

@@ -1,0 +1,317 @@
+//! The serving pieces on a real (tiny, random) K3 checkpoint: chunked prefill and prefix reuse are exact,
+//! the scheduler interleaves jobs fairly, rejects past its queue, and drops cancelled jobs.
+
+use deltafin_engine::*;
+use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_models::{Model, Stats};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+fn model() -> Arc<Model> {
+    static MODEL: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            make_model(Arch::KimiK3, Preset::Tiny, 0, dir.path()).unwrap();
+            let model = Arc::new(Model::load(dir.path()).unwrap());
+            (dir, model)
+        })
+        .1
+        .clone()
+}
+
+fn request(prompt: &[u32], max_new: usize, temperature: f32) -> Request {
+    Request {
+        prompt: prompt.to_vec(),
+        max_new,
+        stop_ids: vec![],
+        sampling: SamplingParams {
+            temperature,
+            seed: 11,
+            ..Default::default()
+        },
+        prompt_logits: false,
+    }
+}
+
+/// Runs a generation to the end: its tokens and the bits of every logit vector that chose them.
+fn drive(
+    model: &Model,
+    mut gen: Generation,
+    chunk: usize,
+) -> (Vec<u32>, Vec<Vec<u32>>, Generation) {
+    let stats = Stats::default();
+    let mut logits = Vec::new();
+    while gen
+        .step(model, &stats, chunk, |_, l| {
+            logits.push(l.iter().map(|x| x.to_bits()).collect());
+            Flow::Continue
+        })
+        .unwrap()
+        .is_none()
+    {}
+    (gen.tokens().to_vec(), logits, gen)
+}
+
+const PROMPT: [u32; 11] = [5, 17, 300, 42, 9, 500, 77, 3, 250, 18, 64];
+
+#[test]
+fn chunked_prefill_matches_one_pass() {
+    let m = model();
+    let req = request(&PROMPT, 6, 0.8);
+    let whole = generate(&m, &req, &Stats::default(), |_, _| Flow::Continue).unwrap();
+    for chunk in [1, 3, 64] {
+        let (tokens, _, _) = drive(&m, Generation::new(&m, &req, None).unwrap(), chunk);
+        assert_eq!(tokens, whole.tokens, "prefill chunk {chunk}");
+    }
+}
+
+#[test]
+fn a_prompt_extending_a_stored_prefix_gives_the_same_output_as_recomputing() {
+    let m = model();
+    let mut cache = PrefixCache::new(64 << 20);
+    // Turn 1: a prompt and its answer; keep the state it ends in.
+    let (first, _, gen) = drive(
+        &m,
+        Generation::new(&m, &request(&PROMPT[..6], 5, 0.9), None).unwrap(),
+        4,
+    );
+    let (tokens, session, logits) = gen.into_snapshot().unwrap();
+    assert_eq!(
+        tokens.len(),
+        6 + first.len() - 1,
+        "the last token is chosen, not yet fed"
+    );
+    let bytes = session_bytes(&m, &session);
+    assert!(bytes > 0);
+    cache.insert(tokens.clone(), session, logits, bytes);
+
+    // Turn 2 extends everything turn 1 consumed.
+    let mut prompt2 = tokens.clone();
+    prompt2.extend_from_slice(&[first[first.len() - 1], 88, 99]);
+    for temperature in [0.0, 1.0] {
+        let req = request(&prompt2, 7, temperature);
+        let resume = cache.lookup(&prompt2).expect("a stored prefix");
+        assert_eq!(resume.tokens, tokens.len());
+        let reused = drive(&m, Generation::new(&m, &req, Some(resume)).unwrap(), 256);
+        let fresh = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+        assert_eq!(reused.2.reused(), tokens.len());
+        assert_eq!(reused.0, fresh.0, "tokens at temperature {temperature}");
+        assert_eq!(
+            reused.1, fresh.1,
+            "logits bit for bit at temperature {temperature}"
+        );
+    }
+
+    // A prompt equal to the stored key needs no pass before its first token.
+    let req = request(&tokens, 3, 0.0);
+    let resume = cache.lookup(&tokens).unwrap();
+    let reused = drive(&m, Generation::new(&m, &req, Some(resume)).unwrap(), 256);
+    let fresh = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+    assert_eq!(reused.1, fresh.1);
+
+    // Unrelated prompts miss; a tiny budget keeps nothing.
+    assert!(cache.lookup(&[1, 2, 3]).is_none());
+    assert_eq!((cache.hits(), cache.misses()), (3, 1));
+    let mut small = PrefixCache::new(16);
+    let (t, s, l) = reused.2.into_snapshot().unwrap();
+    small.insert(t, s, l, bytes);
+    assert!(small.is_empty());
+}
+
+#[test]
+fn the_cache_evicts_the_least_recently_used_entry() {
+    let m = model();
+    let snap = |prompt: &[u32]| {
+        let (_, _, gen) = drive(
+            &m,
+            Generation::new(&m, &request(prompt, 0, 0.0), None).unwrap(),
+            256,
+        );
+        gen.into_snapshot().unwrap()
+    };
+    let (ta, sa, la) = snap(&PROMPT[..3]);
+    let bytes = session_bytes(&m, &sa);
+    let entry = bytes + 4 * (3 + la.len());
+    let mut cache = PrefixCache::new(2 * entry + entry / 2);
+    cache.insert(ta.clone(), sa, la, bytes);
+    let (tb, sb, lb) = snap(&PROMPT[3..6]);
+    cache.insert(tb.clone(), sb, lb, bytes);
+    assert!(cache.lookup(&ta).is_some(), "touch a: b is now the oldest");
+    let (tc, sc, lc) = snap(&PROMPT[6..9]);
+    cache.insert(tc.clone(), sc, lc, bytes);
+    assert_eq!(cache.len(), 2);
+    assert!(cache.used_bytes() <= cache.budget_bytes());
+    assert!(cache.lookup(&tb).is_none());
+    assert!(cache.lookup(&ta).is_some() && cache.lookup(&tc).is_some());
+}
+
+/// Records tokens into a shared log and reports the end on a channel.
+struct TestSink {
+    id: usize,
+    log: Arc<Mutex<Vec<usize>>>,
+    tokens: Vec<u32>,
+    cancel: Arc<AtomicBool>,
+    cancel_after: Option<usize>,
+    done: mpsc::Sender<(usize, Result<(Finished, Vec<u32>), String>)>,
+}
+
+impl Sink for TestSink {
+    fn token(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Flow {
+        if let Some(lp) = logprob {
+            assert_eq!(lp.token, token);
+            assert!(lp.logprob <= 0.0 && lp.top.len() == 2);
+        }
+        self.tokens.push(token);
+        self.log.lock().unwrap().push(self.id);
+        if Some(self.tokens.len()) == self.cancel_after {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+        Flow::Continue
+    }
+    fn finished(&mut self, result: Result<Finished, String>) {
+        let tokens = std::mem::take(&mut self.tokens);
+        let _ = self.done.send((self.id, result.map(|f| (f, tokens))));
+    }
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+struct Harness {
+    log: Arc<Mutex<Vec<usize>>>,
+    tx: mpsc::Sender<(usize, Result<(Finished, Vec<u32>), String>)>,
+    rx: mpsc::Receiver<(usize, Result<(Finished, Vec<u32>), String>)>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let (tx, rx) = mpsc::channel();
+        Harness {
+            log: Arc::default(),
+            tx,
+            rx,
+        }
+    }
+    fn job(&self, id: usize, req: Request, cancel_after: Option<usize>) -> Job {
+        Job {
+            request: req,
+            top_logprobs: Some(2),
+            sink: Box::new(TestSink {
+                id,
+                log: self.log.clone(),
+                tokens: vec![],
+                cancel: Arc::default(),
+                cancel_after,
+                done: self.tx.clone(),
+            }),
+        }
+    }
+    fn next(&self) -> (usize, Result<(Finished, Vec<u32>), String>) {
+        self.rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a job finished within a minute")
+    }
+}
+
+#[test]
+fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
+    let m = model();
+    let sched = Scheduler::start(
+        m.clone(),
+        SchedulerConfig {
+            max_active: 3,
+            queue_capacity: 0,
+            prefill_chunk: 4,
+            prefix_cache_bytes: 0,
+        },
+    )
+    .unwrap();
+    let h = Harness::new();
+    let reqs: Vec<Request> = (0..3)
+        .map(|i| request(&PROMPT[i..], 12, 0.7 * i as f32))
+        .collect();
+    for (i, r) in reqs.iter().enumerate() {
+        sched.submit(h.job(i, r.clone(), None)).unwrap();
+    }
+    assert_eq!(
+        sched.submit(h.job(9, reqs[0].clone(), None)),
+        Err(Rejected::QueueFull)
+    );
+    for _ in 0..3 {
+        let (id, result) = h.next();
+        let (fin, tokens) = result.unwrap();
+        let plain = generate(&m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
+        assert_eq!(tokens, plain.tokens, "job {id}");
+        assert_eq!(
+            (fin.reason, fin.completion_tokens),
+            (FinishReason::Length, 12)
+        );
+    }
+    // Fair: one pass per job per round, so while all three run, their token counts stay within the few
+    // prefill passes by which their starts can differ.
+    let log = h.log.lock().unwrap().clone();
+    let mut counts = [0usize; 3];
+    for &j in &log {
+        counts[j] += 1;
+        if counts.iter().all(|&c| c < 12) {
+            let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(hi - lo <= 4, "unfair order: {log:?}");
+        }
+    }
+    let c = sched.counters();
+    assert_eq!(c.completed.load(Ordering::Relaxed), 3);
+    assert_eq!(c.completion_tokens.load(Ordering::Relaxed), 36);
+    assert!(sched.stats().bytes() > 0, "expert bytes are counted");
+}
+
+#[test]
+fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
+    let m = model();
+    let sched = Scheduler::start(
+        m.clone(),
+        SchedulerConfig {
+            max_active: 1,
+            queue_capacity: 4,
+            prefill_chunk: 256,
+            prefix_cache_bytes: 64 << 20,
+        },
+    )
+    .unwrap();
+    let h = Harness::new();
+    // Job 0 is cancelled after 2 of 1000 tokens; job 1 then runs and reports normally.
+    sched
+        .submit(h.job(0, request(&PROMPT, 1000, 0.0), Some(2)))
+        .unwrap();
+    let mut longer = PROMPT.to_vec();
+    longer.push(7);
+    sched
+        .submit(h.job(1, request(&longer, 3, 0.0), None))
+        .unwrap();
+    let (id, result) = h.next();
+    assert_eq!(id, 1, "the cancelled job never reports");
+    let (fin, tokens) = result.unwrap();
+    assert_eq!(h.log.lock().unwrap().iter().filter(|&&j| j == 0).count(), 2);
+    assert_eq!(sched.counters().cancelled.load(Ordering::Relaxed), 1);
+    // Job 0's prompt state was stored after its prefill; job 1 extends it.
+    assert_eq!(fin.cached_tokens, PROMPT.len());
+    let plain = generate(&m, &request(&longer, 3, 0.0), &Stats::default(), |_, _| {
+        Flow::Continue
+    })
+    .unwrap();
+    assert_eq!(tokens, plain.tokens);
+
+    // Bad requests fail through the sink, and the worker keeps serving.
+    sched
+        .submit(h.job(2, request(&[u32::MAX], 3, 0.0), None))
+        .unwrap();
+    assert!(h.next().1.unwrap_err().contains("outside the vocabulary"));
+    sched.close();
+    assert_eq!(
+        sched.submit(h.job(3, request(&PROMPT, 1, 0.0), None)),
+        Err(Rejected::ShuttingDown)
+    );
+    sched.join();
+}

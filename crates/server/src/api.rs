@@ -1,0 +1,465 @@
+//! Request bodies, read field by field so that every error names its field: unknown fields and fields
+//! deltafin does not support are rejected (never silently ignored), except `user` and `metadata`.
+
+use crate::chat::{Effort, Message, Role};
+use crate::error::ApiError;
+use deltafin_engine::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+/// Recognised OpenAI fields that deltafin does not implement (accepted only when null).
+const UNSUPPORTED: &[&str] = &[
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "logit_bias",
+    "audio",
+    "modalities",
+    "prediction",
+    "service_tier",
+    "store",
+    "web_search_options",
+    "suffix",
+];
+
+/// Accepted and ignored.
+const IGNORED: &[&str] = &["user", "metadata"];
+
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "stream",
+    "stream_options",
+];
+const CHAT_ONLY: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "reasoning_effort",
+];
+const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of"];
+
+pub struct Fields {
+    map: Map<String, Value>,
+}
+
+impl Fields {
+    /// Parses a JSON object and rejects any field outside `known` (and the common ones).
+    pub fn parse(body: &[u8], known: &[&str]) -> Result<Fields, ApiError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid("body", format!("the request body is not valid JSON: {e}"))
+        })?;
+        let Value::Object(map) = value else {
+            return Err(ApiError::invalid(
+                "body",
+                "the request body must be a JSON object",
+            ));
+        };
+        for (key, v) in &map {
+            if UNSUPPORTED.contains(&key.as_str()) {
+                if !v.is_null() {
+                    return Err(ApiError::invalid(
+                        key.clone(),
+                        format!("'{key}' is not supported by deltafin"),
+                    )
+                    .code("unsupported_parameter"));
+                }
+            } else if !COMMON.contains(&key.as_str())
+                && !IGNORED.contains(&key.as_str())
+                && !known.contains(&key.as_str())
+            {
+                return Err(ApiError::invalid(
+                    key.clone(),
+                    format!("Unrecognized request argument supplied: {key}"),
+                )
+                .code("unknown_parameter"));
+            }
+        }
+        Ok(Fields { map })
+    }
+
+    /// The field's value; null and absent are `None`.
+    pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => T::deserialize(v)
+                .map(Some)
+                .map_err(|e| ApiError::invalid(name, format!("Invalid value for '{name}': {e}"))),
+        }
+    }
+
+    fn raw(&self, name: &str) -> Option<&Value> {
+        self.map.get(name).filter(|v| !v.is_null())
+    }
+}
+
+/// What both endpoints ask of a generation.
+pub struct Common {
+    pub model: String,
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiError> {
+    let model: String = f
+        .get("model")?
+        .ok_or_else(|| ApiError::invalid("model", "'model' is required"))?;
+    let mut max_tokens: Option<(u64, &str)> = f.get("max_tokens")?.map(|v| (v, "max_tokens"));
+    if let Some(alt) = max_tokens_field {
+        if let Some(v) = f.get::<u64>(alt)? {
+            max_tokens = Some((v, alt));
+        }
+    }
+    if let Some((0, field)) = max_tokens {
+        return Err(ApiError::invalid(
+            field,
+            format!("{field} must be at least 1"),
+        ));
+    }
+    let n: u64 = f.get("n")?.unwrap_or(1);
+    if n != 1 {
+        return Err(ApiError::invalid(
+            "n",
+            format!("deltafin generates one choice per request; 'n' must be 1, got {n}"),
+        ));
+    }
+    let temperature: f32 = f.get("temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let top_p: f32 = f.get("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
+    }
+    let penalty = |name: &str| -> Result<f32, ApiError> {
+        let v: f32 = f.get(name)?.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&v) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} must be in [-2, 2], got {v}"),
+            ));
+        }
+        Ok(v)
+    };
+    let presence_penalty = penalty("presence_penalty")?;
+    let frequency_penalty = penalty("frequency_penalty")?;
+    let seed = match f.raw("seed") {
+        None => random_seed(),
+        Some(Value::Number(n)) if n.is_u64() || n.is_i64() => {
+            n.as_u64().unwrap_or_else(|| n.as_i64().unwrap_or(0) as u64)
+        }
+        Some(_) => return Err(ApiError::invalid("seed", "seed must be an integer")),
+    };
+    let stop = match f.raw("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            for v in items {
+                match v {
+                    Value::String(s) => out.push(s.clone()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "stop",
+                            "stop must be a string or a list of strings",
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop must be a string or a list of strings",
+            ))
+        }
+    };
+    if stop.len() > 4 {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most 4 stop sequences, got {}", stop.len()),
+        ));
+    }
+    let stream: bool = f.get("stream")?.unwrap_or(false);
+    let mut include_usage = false;
+    if let Some(opts) = f.raw("stream_options") {
+        let Value::Object(o) = opts else {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options must be an object",
+            ));
+        };
+        for (k, v) in o {
+            match (k.as_str(), v) {
+                ("include_usage", Value::Bool(b)) => include_usage = *b,
+                ("include_usage", Value::Null) => {}
+                ("include_usage", _) => {
+                    return Err(ApiError::invalid(
+                        "stream_options.include_usage",
+                        "include_usage must be a boolean",
+                    ))
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("stream_options.{k}"),
+                        format!("Unrecognized stream option: {k}"),
+                    ))
+                }
+            }
+        }
+        if !stream {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
+        }
+    }
+    Ok(Common {
+        model,
+        max_tokens: max_tokens.map(|(v, _)| v.min(usize::MAX as u64) as usize),
+        sampling: SamplingParams {
+            temperature,
+            top_p,
+            seed,
+            presence_penalty,
+            frequency_penalty,
+        },
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// Without a seed, each request draws its own (sampling is still reproducible given the seed).
+fn random_seed() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::BuildHasher;
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+pub struct ChatRequest {
+    pub common: Common,
+    pub messages: Vec<Message>,
+    pub top_logprobs: Option<usize>,
+    pub effort: Option<Effort>,
+}
+
+pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let f = Fields::parse(body, CHAT_ONLY)?;
+    let common = common(&f, Some("max_completion_tokens"))?;
+    let Some(Value::Array(raw)) = f.raw("messages") else {
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' must be a non-empty list",
+        ));
+    };
+    if raw.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' must be a non-empty list",
+        ));
+    }
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let logprobs: bool = f.get("logprobs")?.unwrap_or(false);
+    let top: Option<u64> = f.get("top_logprobs")?;
+    if let Some(t) = top {
+        if t > 20 {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs must be in [0, 20]",
+            ));
+        }
+        if !logprobs {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs requires logprobs to be true",
+            ));
+        }
+    }
+    let effort = match f.get::<String>("reasoning_effort")? {
+        None => None,
+        Some(s) => Some(Effort::parse(&s).ok_or_else(|| {
+            ApiError::invalid(
+                "reasoning_effort",
+                format!("reasoning_effort must be one of none, low, medium, high; got {s:?}"),
+            )
+        })?),
+    };
+    Ok(ChatRequest {
+        common,
+        messages,
+        top_logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
+        effort,
+    })
+}
+
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let at = |k: &str| format!("messages[{i}].{k}");
+    let Value::Object(o) = m else {
+        return Err(ApiError::invalid(
+            format!("messages[{i}]"),
+            "each message must be an object",
+        ));
+    };
+    for (k, v) in o {
+        match k.as_str() {
+            "role" | "content" | "name" | "reasoning_content" => {}
+            "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal"
+                if v.is_null() => {}
+            "tool_calls" | "tool_call_id" | "function_call" | "audio" => {
+                return Err(
+                    ApiError::invalid(at(k), format!("'{k}' is not supported by deltafin"))
+                        .code("unsupported_parameter"),
+                )
+            }
+            _ => {
+                return Err(
+                    ApiError::invalid(at(k), format!("Unrecognized message field: {k}"))
+                        .code("unknown_parameter"),
+                )
+            }
+        }
+    }
+    let role = match o.get("role").and_then(Value::as_str) {
+        Some("system" | "developer") => Role::System,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                at("role"),
+                format!(
+                    "role {other:?} is not supported; use system, developer, user or assistant"
+                ),
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid(
+                at("role"),
+                "each message needs a string 'role'",
+            ))
+        }
+    };
+    let content = match o.get("content") {
+        None | Some(Value::Null) if role == Role::Assistant => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str);
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}]"),
+                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                at("content"),
+                "content must be a string or a list of text parts",
+            ))
+        }
+    };
+    let string = |k: &str| -> Result<Option<String>, ApiError> {
+        match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::invalid(at(k), format!("'{k}' must be a string"))),
+        }
+    };
+    Ok(Message {
+        role,
+        content,
+        name: string("name")?,
+        reasoning: string("reasoning_content")?,
+    })
+}
+
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+pub struct CompletionRequest {
+    pub common: Common,
+    pub prompt: Prompt,
+    pub logprobs: Option<usize>,
+}
+
+pub fn completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
+    let f = Fields::parse(body, COMPLETION_ONLY)?;
+    let common = common(&f, None)?;
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "prompt must be a string, a list of token ids, or a list holding one of those (one prompt per request)",
+        )
+    };
+    let prompt = match f.raw("prompt") {
+        None => return Err(ApiError::invalid("prompt", "'prompt' is required")),
+        Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [Value::String(s)] => Prompt::Text(s.clone()),
+            [Value::Array(ids)] => Prompt::Tokens(token_ids(ids).ok_or_else(bad)?),
+            ids if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+                Prompt::Tokens(token_ids(ids).ok_or_else(bad)?)
+            }
+            _ => return Err(bad()),
+        },
+        Some(_) => return Err(bad()),
+    };
+    let logprobs: Option<u64> = f.get("logprobs")?;
+    if logprobs.is_some_and(|n| n > 5) {
+        return Err(ApiError::invalid("logprobs", "logprobs must be in [0, 5]"));
+    }
+    if f.get::<bool>("echo")?.unwrap_or(false) {
+        return Err(
+            ApiError::invalid("echo", "'echo' is not supported by deltafin")
+                .code("unsupported_parameter"),
+        );
+    }
+    if f.get::<u64>("best_of")?.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid("best_of", "best_of must be 1"));
+    }
+    Ok(CompletionRequest {
+        common,
+        prompt,
+        logprobs: logprobs.map(|n| n as usize),
+    })
+}
+
+fn token_ids(v: &[Value]) -> Option<Vec<u32>> {
+    v.iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}

@@ -1,0 +1,517 @@
+//! The endpoints: parse, render the prompt, queue a job, then answer as one JSON body or as SSE chunks.
+
+use crate::api::{self, Common, Prompt};
+use crate::error::ApiError;
+use crate::metrics;
+use crate::sink::{ChannelSink, LogprobItem, Msg, Usage};
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use deltafin_engine::{Job, Rejected, Request};
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+type Shared = State<Arc<AppState>>;
+
+pub async fn health(State(s): Shared) -> Response {
+    let c = s.sched.counters();
+    Json(json!({
+        "status": "ok",
+        "model": s.cfg.model_name,
+        "active": c.active.load(Ordering::Relaxed),
+        "queued": c.queued.load(Ordering::Relaxed),
+    }))
+    .into_response()
+}
+
+pub async fn metrics(State(s): Shared) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics::render(&s.http, &s.sched, &s.model),
+    )
+        .into_response()
+}
+
+fn model_object(s: &AppState) -> Value {
+    json!({"id": s.cfg.model_name, "object": "model", "created": s.created, "owned_by": "deltafin"})
+}
+
+pub async fn models(State(s): Shared) -> Response {
+    Json(json!({"object": "list", "data": [model_object(&s)]})).into_response()
+}
+
+pub async fn model(State(s): Shared, Path(id): Path<String>) -> Response {
+    if id != s.cfg.model_name {
+        return unknown_model(&s, &id).into_response();
+    }
+    Json(model_object(&s)).into_response()
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint; deltafin serves /v1/models, /v1/chat/completions, /v1/completions, /health and /metrics",
+    )
+}
+
+fn unknown_model(s: &AppState, id: &str) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "the model {id:?} does not exist; this server serves {:?}",
+            s.cfg.model_name
+        ),
+    )
+    .code("model_not_found");
+    e.param = Some("model".into());
+    e
+}
+
+fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                status,
+                "invalid_request_error",
+                "the request body is larger than this server accepts (--max-body-mb)",
+            )
+            .code("request_too_large")
+        } else {
+            ApiError::new(status, "invalid_request_error", r.body_text())
+        }
+    })
+}
+
+/// What a parsed request turns into: a queued job and how to answer.
+struct Planned {
+    rx: UnboundedReceiver<Msg>,
+    keep_alive: std::time::Duration,
+    format: Format,
+    stream: bool,
+}
+
+#[derive(Clone)]
+struct Format {
+    chat: bool,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
+    respond(plan_chat(&s, b)).await
+}
+
+pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
+    respond(plan_completion(&s, b)).await
+}
+
+async fn respond(planned: Result<Planned, ApiError>) -> Response {
+    match planned {
+        Err(e) => e.into_response(),
+        Ok(p) if p.stream => stream(p),
+        Ok(p) => collect(p).await.unwrap_or_else(|e| e.into_response()),
+    }
+}
+
+fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
+    let req = api::chat(&body(b)?)?;
+    check_model(s, &req.common)?;
+    let xtml = s.xtml.as_ref().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("this model cannot chat: {e}; use /v1/completions"),
+        )
+    })?;
+    let prompt = xtml.render(&s.tokenizer, &req.messages, req.effort);
+    let (tx, rx) = unbounded_channel();
+    let sink = ChannelSink::chat(
+        s.tokenizer.clone(),
+        xtml,
+        req.effort,
+        &req.common.stop,
+        s.stop_ids.clone(),
+        tx,
+    );
+    let default_max = s.cfg.default_max_tokens;
+    let format = format(s, true, &req.common, req.top_logprobs.is_some());
+    submit(
+        s,
+        prompt,
+        &req.common,
+        default_max,
+        req.top_logprobs,
+        Box::new(sink),
+    )?;
+    Ok(Planned {
+        rx,
+        keep_alive: s.cfg.keep_alive,
+        stream: req.common.stream,
+        format,
+    })
+}
+
+fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
+    let req = api::completion(&body(b)?)?;
+    check_model(s, &req.common)?;
+    let prompt = match req.prompt {
+        Prompt::Text(t) => s.tokenizer.encode(&t),
+        Prompt::Tokens(ids) => {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= s.vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {bad} is outside the vocabulary (size {})",
+                        s.vocab
+                    ),
+                ));
+            }
+            ids
+        }
+    };
+    let (tx, rx) = unbounded_channel();
+    let sink = ChannelSink::completion(
+        s.tokenizer.clone(),
+        &req.common.stop,
+        s.stop_ids.clone(),
+        tx,
+    );
+    let format = format(s, false, &req.common, req.logprobs.is_some());
+    submit(s, prompt, &req.common, 16, req.logprobs, Box::new(sink))?;
+    Ok(Planned {
+        rx,
+        keep_alive: s.cfg.keep_alive,
+        stream: req.common.stream,
+        format,
+    })
+}
+
+fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
+    if c.model != s.cfg.model_name {
+        return Err(unknown_model(s, &c.model));
+    }
+    Ok(())
+}
+
+fn format(s: &AppState, chat: bool, c: &Common, logprobs: bool) -> Format {
+    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
+    Format {
+        chat,
+        id: format!(
+            "{}-{:x}-{n}",
+            if chat { "chatcmpl" } else { "cmpl" },
+            s.created
+        ),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: s.cfg.model_name.clone(),
+        include_usage: c.include_usage,
+        logprobs,
+    }
+}
+
+fn submit(
+    s: &AppState,
+    prompt: Vec<u32>,
+    c: &Common,
+    default_max: usize,
+    top_logprobs: Option<usize>,
+    sink: Box<ChannelSink>,
+) -> Result<(), ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    let room = s.cfg.max_context.saturating_sub(prompt.len());
+    if room == 0 || c.max_tokens.is_some_and(|m| m > room) {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "this server's context is {} tokens; the prompt has {} and {} more were requested",
+                s.cfg.max_context,
+                prompt.len(),
+                c.max_tokens.unwrap_or(default_max.min(room))
+            ),
+        )
+        .code("context_length_exceeded"));
+    }
+    let job = Job {
+        request: Request {
+            prompt,
+            max_new: c.max_tokens.unwrap_or(default_max.min(room)),
+            stop_ids: s.stop_ids.clone(),
+            sampling: c.sampling.clone(),
+            prompt_logits: false,
+        },
+        top_logprobs,
+        sink,
+    };
+    s.sched.submit(job).map_err(|r| match r {
+        Rejected::QueueFull => {
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "every generation slot and queue place is taken; retry after a moment",
+            )
+            .code("queue_full");
+            e.retry_after_secs = Some(1);
+            e
+        }
+        Rejected::ShuttingDown => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        ),
+    })
+}
+
+/// The non-streaming answer: wait for the whole generation. Dropping this future (client gone) drops the
+/// receiver, which cancels the job.
+async fn collect(mut p: Planned) -> Result<Response, ApiError> {
+    let (mut reasoning, mut content, mut logprobs) = (String::new(), String::new(), Vec::new());
+    loop {
+        match p.rx.recv().await {
+            Some(Msg::Delta {
+                reasoning: r,
+                content: c,
+                logprobs: l,
+            }) => {
+                reasoning.push_str(&r);
+                content.push_str(&c);
+                logprobs.extend(l);
+            }
+            Some(Msg::Done {
+                finish_reason,
+                usage,
+            }) => {
+                let f = &p.format;
+                let lp = f.logprobs.then(|| logprobs_json(f.chat, &logprobs));
+                let choice = if f.chat {
+                    let mut message =
+                        json!({"role": "assistant", "content": content, "refusal": null});
+                    if !reasoning.is_empty() {
+                        message["reasoning_content"] = json!(reasoning);
+                    }
+                    json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_reason})
+                } else {
+                    json!({"index": 0, "text": content, "logprobs": lp, "finish_reason": finish_reason})
+                };
+                return Ok(Json(json!({
+                    "id": f.id,
+                    "object": if f.chat { "chat.completion" } else { "text_completion" },
+                    "created": f.created,
+                    "model": f.model,
+                    "choices": [choice],
+                    "usage": usage_json(&usage),
+                }))
+                .into_response());
+            }
+            Some(Msg::Error(e)) => return Err(generation_error(e)),
+            None => {
+                return Err(generation_error(
+                    "the generation ended without a result".into(),
+                ))
+            }
+        }
+    }
+}
+
+fn generation_error(message: String) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    })
+}
+
+/// Chat: `{"content": [{token, logprob, bytes, top_logprobs}]}`; completions: the legacy parallel lists.
+fn logprobs_json(chat: bool, items: &[LogprobItem]) -> Value {
+    if chat {
+        let content: Vec<Value> = items
+            .iter()
+            .map(|i| {
+                json!({
+                    "token": i.token, "logprob": i.logprob, "bytes": i.bytes,
+                    "top_logprobs": i.top.iter()
+                        .map(|(t, b, l)| json!({"token": t, "logprob": l, "bytes": b}))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({"content": content, "refusal": null})
+    } else {
+        let mut offset = 0;
+        let mut offsets = Vec::new();
+        for i in items {
+            offsets.push(offset);
+            offset += i.token.len();
+        }
+        json!({
+            "tokens": items.iter().map(|i| i.token.clone()).collect::<Vec<_>>(),
+            "token_logprobs": items.iter().map(|i| i.logprob).collect::<Vec<_>>(),
+            "top_logprobs": items.iter().map(|i| {
+                i.top.iter().map(|(t, _, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": offsets,
+        })
+    }
+}
+
+fn stream(p: Planned) -> Response {
+    let keep_alive = KeepAlive::new().interval(p.keep_alive).text("keep-alive");
+    let mut events = EventStream {
+        rx: p.rx,
+        pending: VecDeque::new(),
+        done: false,
+        format: p.format,
+    };
+    if events.format.chat {
+        // The role comes first, before the prompt is computed (OpenAI's first chunk).
+        let first = events.chunk(json!({"role": "assistant", "content": ""}), None, None);
+        events.pending.push_back(first);
+    }
+    (
+        [("x-accel-buffering", "no")],
+        Sse::new(events).keep_alive(keep_alive),
+    )
+        .into_response()
+}
+
+/// Turns the job's messages into SSE events; ends after `data: [DONE]` (or an error event).
+struct EventStream {
+    rx: UnboundedReceiver<Msg>,
+    pending: VecDeque<Event>,
+    done: bool,
+    format: Format,
+}
+
+impl EventStream {
+    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<&[LogprobItem]>) -> Event {
+        let f = &self.format;
+        let lp = logprobs.map(|l| logprobs_json(f.chat, l));
+        let mut body = if f.chat {
+            json!({
+                "id": f.id, "object": "chat.completion.chunk", "created": f.created, "model": f.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
+            })
+        } else {
+            json!({
+                "id": f.id, "object": "text_completion", "created": f.created, "model": f.model,
+                "choices": [{"index": 0, "text": delta, "logprobs": lp, "finish_reason": finish}],
+            })
+        };
+        if f.include_usage {
+            body["usage"] = Value::Null;
+        }
+        Event::default().data(body.to_string())
+    }
+
+    fn on(&mut self, msg: Option<Msg>) {
+        match msg {
+            Some(Msg::Delta {
+                reasoning,
+                content,
+                logprobs,
+            }) => {
+                let lp = self.format.logprobs.then_some(&logprobs[..]);
+                if self.format.chat {
+                    let mut delta = json!({});
+                    if !reasoning.is_empty() {
+                        delta["reasoning_content"] = json!(reasoning);
+                    }
+                    if !content.is_empty() || !logprobs.is_empty() {
+                        delta["content"] = json!(content);
+                    }
+                    let e = self.chunk(delta, None, lp);
+                    self.pending.push_back(e);
+                } else if !content.is_empty() || !logprobs.is_empty() {
+                    let e = self.chunk(json!(content), None, lp);
+                    self.pending.push_back(e);
+                }
+            }
+            Some(Msg::Done {
+                finish_reason,
+                usage,
+            }) => {
+                let empty = if self.format.chat {
+                    json!({})
+                } else {
+                    json!("")
+                };
+                let e = self.chunk(empty, Some(finish_reason), None);
+                self.pending.push_back(e);
+                if self.format.include_usage {
+                    let f = &self.format;
+                    let object = if f.chat {
+                        "chat.completion.chunk"
+                    } else {
+                        "text_completion"
+                    };
+                    let body = json!({
+                        "id": f.id, "object": object, "created": f.created, "model": f.model,
+                        "choices": [], "usage": usage_json(&usage),
+                    });
+                    self.pending
+                        .push_back(Event::default().data(body.to_string()));
+                }
+                self.pending.push_back(Event::default().data("[DONE]"));
+                self.done = true;
+            }
+            Some(Msg::Error(message)) => self.fail(message),
+            None => self.fail("the generation ended without a result".into()),
+        }
+    }
+
+    /// An error after the 200 status went out: an SSE event with OpenAI's error object, then the end.
+    fn fail(&mut self, message: String) {
+        let body = generation_error(message).body();
+        self.pending
+            .push_back(Event::default().data(body.to_string()));
+        self.done = true;
+    }
+}
+
+impl tokio_stream::Stream for EventStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Poll::Ready(Some(Ok(e)));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(msg) => self.on(msg),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! The HTTP API end to end over loopback, with a raw client: shapes, field validation, auth, limits,
+//! streaming, stop strings, seeds, logprobs, prefix reuse, backpressure, cancellation and shutdown.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn chat_body(extra: Value) -> Value {
+    let mut b = json!({
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "reasoning_effort": "none",
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn error_param(r: &Resp) -> String {
+    r.json()["error"]["param"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn models_health_metrics_and_unknown_routes() {
+    let s = start(config());
+    let h = get(s.addr, "/health");
+    assert_eq!((h.status, h.json()["status"].clone()), (200, json!("ok")));
+    let m = get(s.addr, "/v1/models").json();
+    assert_eq!(m["data"][0]["id"], MODEL);
+    assert_eq!(get(s.addr, &format!("/v1/models/{MODEL}")).status, 200);
+    let other = get(s.addr, "/v1/models/gpt-4");
+    assert_eq!(
+        (other.status, other.json()["error"]["code"].clone()),
+        (404, json!("model_not_found"))
+    );
+    let nf = get(s.addr, "/v2/nothing");
+    assert_eq!(nf.status, 404);
+    assert!(nf.json()["error"]["message"].is_string());
+    let metrics = get(s.addr, "/metrics");
+    assert!(metrics
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
+    for name in [
+        "deltafin_queue_depth 0",
+        "deltafin_completion_tokens_total 0",
+        "deltafin_expert_bytes_read_total",
+        "deltafin_http_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2",
+    ] {
+        assert!(
+            metrics.body.contains(name),
+            "{name} missing from\n{}",
+            metrics.body
+        );
+    }
+}
+
+#[test]
+fn chat_answers_in_openai_shape_and_reuses_the_prompt_state() {
+    let s = start(config());
+    let r = post(s.addr, "/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string());
+    assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()));
+    let usage = &v["usage"];
+    let completion = usage["completion_tokens"].as_u64().unwrap();
+    assert!((1..=8).contains(&completion));
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + completion
+    );
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // The same conversation again resumes the stored prompt state and answers identically (greedy).
+    let again = post(s.addr, "/v1/chat/completions", &chat_body(json!({}))).json();
+    assert_eq!(again["choices"][0]["message"], choice["message"]);
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        usage["prompt_tokens"]
+    );
+
+    // A follow-up turn extends the first prompt; only its new tokens are computed.
+    let mut follow = chat_body(json!({}));
+    follow["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": choice["message"]["content"]}),
+        json!({"role": "user", "content": [{"type": "text", "text": "Another"}, {"type": "text", "text": " one."}]}),
+    ]);
+    let next = post(s.addr, "/v1/chat/completions", &follow).json();
+    let cached = next["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > 0 && cached < next["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{next}"
+    );
+    assert!(metric(s.addr, "deltafin_prefix_cache_hits_total") >= 2.0);
+}
+
+#[test]
+fn thinking_goes_to_reasoning_content() {
+    let s = start(config());
+    let mut body = chat_body(json!({"max_tokens": 6}));
+    body.as_object_mut().unwrap().remove("reasoning_effort");
+    let v = post(s.addr, "/v1/chat/completions", &body).json();
+    let usage = &v["usage"];
+    assert!(
+        usage["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    let high = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"reasoning_effort": "high"})),
+    );
+    assert_eq!(high.status, 200);
+    let bad = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"reasoning_effort": "extreme"})),
+    );
+    assert_eq!(
+        (bad.status, error_param(&bad)),
+        (400, "reasoning_effort".into())
+    );
+}
+
+#[test]
+fn bad_requests_get_openai_shaped_400s_naming_the_field() {
+    let s = start(config());
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"frobnicate": 1}), "frobnicate"),
+        (json!({"n": 2}), "n"),
+        (json!({"temperature": "hot"}), "temperature"),
+        (json!({"temperature": 3}), "temperature"),
+        (json!({"top_p": 0}), "top_p"),
+        (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (json!({"top_logprobs": 3}), "top_logprobs"),
+        (json!({"presence_penalty": 9}), "presence_penalty"),
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (json!({"messages": []}), "messages"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "colour": 1}]}),
+            "messages[0].colour",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (json!({"max_tokens": 1_000_000}), "messages"),
+    ];
+    for (extra, param) in cases {
+        let r = post(s.addr, "/v1/chat/completions", &chat_body(extra.clone()));
+        assert_eq!(
+            (r.status, error_param(&r)),
+            (400, param.to_string()),
+            "{extra}: {}",
+            r.body
+        );
+        assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    }
+    // Ignored fields are fine.
+    let ok = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"user": "u1", "metadata": {"k": "v"}, "seed": 3})),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let not_json = call_with(s.addr, "POST", "/v1/chat/completions", &[], "{nope");
+    assert_eq!(
+        (not_json.status, error_param(&not_json)),
+        (400, "body".into())
+    );
+    let wrong_model = post(
+        s.addr,
+        "/v1/chat/completions",
+        &chat_body(json!({"model": "gpt-4o"})),
+    );
+    assert_eq!(wrong_model.status, 404);
+    for (extra, param) in [
+        (json!({"echo": true}), "echo"),
+        (json!({"logprobs": 9}), "logprobs"),
+        (json!({"prompt": [[1], [2]]}), "prompt"),
+    ] {
+        let mut b = json!({"model": MODEL, "prompt": "hi"});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = post(s.addr, "/v1/completions", &b);
+        assert_eq!(
+            (r.status, error_param(&r)),
+            (400, param.to_string()),
+            "{}",
+            r.body
+        );
+    }
+}
+
+#[test]
+fn api_key_and_body_limit() {
+    let s = start(deltafin_server::ServerConfig {
+        api_key: Some("sekrit".into()),
+        max_body_bytes: 2048,
+        ..config()
+    });
+    let body = chat_body(json!({})).to_string();
+    let none = call_with(s.addr, "POST", "/v1/chat/completions", &[], &body);
+    assert_eq!(
+        (none.status, none.json()["error"]["code"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    let wrong = call_with(
+        s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer nope")],
+        "",
+    );
+    assert_eq!(wrong.status, 401);
+    let right = call_with(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer sekrit")],
+        &body,
+    );
+    assert_eq!(right.status, 200, "{}", right.body);
+    assert_eq!(get(s.addr, "/health").status, 200, "health needs no key");
+    let big = chat_body(json!({"messages": [{"role": "user", "content": "x".repeat(10_000)}]}))
+        .to_string();
+    let r = call_with(
+        s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer sekrit")],
+        &big,
+    );
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+}
+
+/// The concatenated `content` deltas of a chat stream, and its payloads.
+fn stream_chat(addr: std::net::SocketAddr, body: &Value) -> (String, Vec<Value>) {
+    let mut st = Stream::open(addr, "/v1/chat/completions", body);
+    assert_eq!(st.status, 200);
+    let payloads = st.rest();
+    assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str(p).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    (text, chunks)
+}
+
+#[test]
+fn streaming_matches_the_plain_answer_and_reports_usage() {
+    let s = start(config());
+    let body = chat_body(json!({"max_tokens": 12, "temperature": 0.9, "seed": 42}));
+    let plain = post(s.addr, "/v1/chat/completions", &body).json();
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    sbody["stream_options"] = json!({"include_usage": true});
+    let (text, chunks) = stream_chat(s.addr, &sbody);
+    assert_eq!(
+        text,
+        plain["choices"][0]["message"]["content"].as_str().unwrap(),
+        "same seed, same tokens"
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(
+        last["usage"]["completion_tokens"],
+        plain["usage"]["completion_tokens"]
+    );
+    let finish = &chunks[chunks.len() - 2]["choices"][0]["finish_reason"];
+    assert_eq!(finish, &plain["choices"][0]["finish_reason"]);
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["usage"].is_null()));
+
+    // Completions stream too, with logprobs per token.
+    let cbody = json!({"model": MODEL, "prompt": "The expert store", "max_tokens": 6, "temperature": 0,
+                       "logprobs": 2, "stream": true});
+    let mut st = Stream::open(s.addr, "/v1/completions", &cbody);
+    let payloads = st.rest();
+    assert_eq!(payloads.last().unwrap(), "[DONE]");
+    let mut n_lp = 0;
+    for p in &payloads[..payloads.len() - 1] {
+        let c: Value = serde_json::from_str(p).unwrap();
+        assert_eq!(c["object"], "text_completion");
+        if let Some(lp) = c["choices"][0]["logprobs"].as_object() {
+            n_lp += lp["tokens"].as_array().unwrap().len();
+            assert!(lp["top_logprobs"][0].as_object().unwrap().len() <= 2);
+        }
+    }
+    assert!((1..=6).contains(&n_lp));
+}
+
+#[test]
+fn seeds_logprobs_and_stop_strings() {
+    let s = start(config());
+    let base = json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 24,
+                      "temperature": 0, "logprobs": 3});
+    let plain = post(s.addr, "/v1/completions", &base).json();
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    let lp = &plain["choices"][0]["logprobs"];
+    let n = lp["tokens"].as_array().unwrap().len();
+    assert!(n >= 1 && n <= 24);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), n);
+    let first_lp = lp["token_logprobs"][0].as_f64().unwrap();
+    let best = lp["top_logprobs"][0]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert!(
+        first_lp <= 0.0 && (first_lp - best).abs() < 1e-6,
+        "greedy picks the most likely token"
+    );
+
+    // Same seed → same tokens.
+    let mut seeded = base.clone();
+    seeded["temperature"] = json!(1.0);
+    seeded["seed"] = json!(1234);
+    let a = post(s.addr, "/v1/completions", &seeded).json();
+    let b = post(s.addr, "/v1/completions", &seeded).json();
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
+
+    // A stop string taken from the middle of the greedy text ends it there, unsent, even when split across tokens.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(
+        chars.len() >= 8,
+        "greedy text too short for the test: {text:?}"
+    );
+    let stop: String = chars[4..7].iter().collect();
+    let expected = &text[..text.find(&stop).unwrap()];
+    let mut with_stop = base.clone();
+    with_stop["stop"] = json!([stop, "never-appears"]);
+    let r = post(s.addr, "/v1/completions", &with_stop).json();
+    assert_eq!(
+        r["choices"][0]["text"], expected,
+        "stop {stop:?} in {text:?}"
+    );
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    with_stop["stream"] = json!(true);
+    let mut st = Stream::open(s.addr, "/v1/completions", &with_stop);
+    let streamed: String = st
+        .rest()
+        .iter()
+        .filter(|p| *p != "[DONE]")
+        .map(|p| {
+            serde_json::from_str::<Value>(p).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(streamed, expected);
+
+    // Token-id prompts work; out-of-vocabulary ids are a 400.
+    let ids = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 2}),
+    );
+    assert_eq!(ids.status, 200, "{}", ids.body);
+    let oov = post(
+        s.addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": [5, 99999999], "max_tokens": 2}),
+    );
+    assert_eq!((oov.status, error_param(&oov)), (400, "prompt".into()));
+}
+
+/// A long greedy completion that keeps a generation slot busy.
+fn long_stream(addr: std::net::SocketAddr) -> Stream {
+    let body = json!({"model": MODEL, "prompt": "Keep going", "max_tokens": 60000, "temperature": 0, "stream": true});
+    let mut st = Stream::open(addr, "/v1/completions", &body);
+    assert_eq!(st.status, 200);
+    st.data().expect("a first chunk");
+    st
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_disconnect_cancels_promptly() {
+    let s = start(deltafin_server::ServerConfig {
+        scheduler: deltafin_engine::SchedulerConfig {
+            max_active: 1,
+            queue_capacity: 0,
+            ..Default::default()
+        },
+        ..config()
+    });
+    let busy = long_stream(s.addr);
+    let r = post(s.addr, "/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(r.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(metric(s.addr, "deltafin_active_generations"), 1.0);
+
+    drop(busy); // the client goes away mid-generation
+    eventually(10, "the generation to be cancelled", || {
+        metric(s.addr, "deltafin_generations_total{outcome=\"cancelled\"}") == 1.0
+            && metric(s.addr, "deltafin_active_generations") == 0.0
+    });
+    let r = post(s.addr, "/v1/chat/completions", &chat_body(json!({})));
+    assert_eq!(r.status, 200, "the slot is free again");
+}
+
+#[test]
+fn keep_alive_comments_flow_while_a_long_prompt_is_computed() {
+    let s = start(deltafin_server::ServerConfig {
+        keep_alive: Duration::from_millis(1),
+        scheduler: deltafin_engine::SchedulerConfig {
+            prefill_chunk: 4096,
+            ..Default::default()
+        },
+        ..config()
+    });
+    let prompt: Vec<u32> = (0..3000).map(|i| (i * 7 % 500) as u32).collect();
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "stream": true});
+    let mut st = Stream::open(s.addr, "/v1/completions", &body);
+    let first = st.line().unwrap();
+    assert!(
+        first.starts_with(':'),
+        "a comment precedes the first token: {first}"
+    );
+    assert_eq!(st.rest().last().unwrap(), "[DONE]");
+}
+
+#[test]
+fn shutdown_finishes_in_flight_streams() {
+    let s = start(config());
+    let body = json!({"model": MODEL, "prompt": "Short", "max_tokens": 40, "temperature": 0, "stream": true});
+    let mut st = Stream::open(s.addr, "/v1/completions", &body);
+    st.data().unwrap();
+    let stopper = std::thread::spawn(move || s.stop());
+    assert_eq!(st.rest().last().unwrap(), "[DONE]", "the stream completes");
+    stopper.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_generation_ended_mid_stream_gets_an_sse_error_event() {
+    let s = start(deltafin_server::ServerConfig {
+        shutdown_grace: Duration::ZERO,
+        ..config()
+    });
+    let mut st = long_stream(s.addr);
+    let stopper = std::thread::spawn(move || s.stop());
+    let rest = st.rest();
+    let last: Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "server_error", "{last}");
+    assert!(last["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+    stopper.join().unwrap().unwrap();
+}

@@ -1,0 +1,647 @@
+//! The expert store: where routed experts live (an unpacked checkpoint's shards or a pack striped over
+//! drives), the read engine that brings them in, and the RAM cache — a fixed slab of record-sized slots
+//! allocated once, so no token allocates.
+//!
+//! The model asks for one layer's experts at a time with [`ExpertStore::fetch`] and computes each one as its
+//! bytes arrive; [`ExpertStore::prefetch`] queues predicted experts of the next layer into idle disk time.
+
+pub mod io;
+pub mod pack;
+pub mod policy;
+pub mod probe;
+
+use anyhow::{bail, Result};
+use io::{align_down, align_up, AlignedBuf, Completion, DataFile, IoEngine, IoMode, ReadOp, ALIGN};
+use policy::Policy;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// A contiguous byte range of one data file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub file: usize,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// Where one expert's record lives, and its checksum when a pack manifest provides one.
+#[derive(Clone, Debug)]
+pub struct RecordLoc {
+    pub extents: Vec<Extent>,
+    pub checksum: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Bytes of RAM for cached expert records beyond the working set.
+    pub cache_bytes: u64,
+    /// Records a pass may hold at once (the working set); at least 2.
+    pub working_slots: usize,
+    pub direct_io: bool,
+    pub workers_per_drive: usize,
+    /// Large records are split into chunks of this size, read in parallel.
+    pub chunk_bytes: usize,
+    pub policy: Policy,
+    pub prefetch: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_bytes: 0,
+            working_slots: 32,
+            direct_io: true,
+            workers_per_drive: 8,
+            chunk_bytes: 1 << 20,
+            policy: Policy::default(),
+            prefetch: true,
+        }
+    }
+}
+
+type Key = (usize, usize);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Empty,
+    Loading,
+    Ready,
+}
+
+struct Slot {
+    key: Option<Key>,
+    phase: Phase,
+    pins: u32,
+    /// Offset of the record's first byte inside the slot (direct reads start at an aligned address).
+    start: usize,
+    done: Option<Arc<Completion>>,
+    verified: bool,
+    /// Loaded by a prefetch and not yet asked for.
+    prefetched: bool,
+}
+
+struct SlabState {
+    map: HashMap<Key, usize>,
+    slots: Vec<Slot>,
+    policy: policy::State,
+}
+
+/// Counters of what the store did (cumulative; read with [`ExpertStore::snapshot`]).
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    hits: AtomicU64,
+    prefetch_hits: AtomicU64,
+    prefetch_issued: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
+/// Per layer: prediction quality of the lookahead, and whether it is still on.
+#[derive(Clone, Default, Debug)]
+pub struct LayerPrediction {
+    pub predicted: u64,
+    pub correct: u64,
+    pub actual: u64,
+    pub disabled: bool,
+}
+
+impl LayerPrediction {
+    pub fn precision(&self) -> f64 {
+        self.correct as f64 / self.predicted.max(1) as f64
+    }
+    pub fn recall(&self) -> f64 {
+        self.correct as f64 / self.actual.max(1) as f64
+    }
+}
+
+/// A point-in-time copy of the counters.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub requests: u64,
+    pub hits: u64,
+    pub prefetch_hits: u64,
+    pub prefetch_issued: u64,
+    pub demand_bytes: u64,
+    pub prefetch_bytes: u64,
+    pub reads: u64,
+    pub wait_secs: f64,
+    /// Wall time with reads outstanding.
+    pub disk_busy_secs: f64,
+    pub layers: Vec<LayerPrediction>,
+}
+
+impl Snapshot {
+    pub fn hit_rate(&self) -> f64 {
+        (self.hits + self.prefetch_hits) as f64 / self.requests.max(1) as f64
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.demand_bytes + self.prefetch_bytes
+    }
+
+    /// `self − earlier`, for per-step deltas.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot {
+            requests: self.requests - earlier.requests,
+            hits: self.hits - earlier.hits,
+            prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
+            prefetch_issued: self.prefetch_issued - earlier.prefetch_issued,
+            demand_bytes: self.demand_bytes - earlier.demand_bytes,
+            prefetch_bytes: self.prefetch_bytes - earlier.prefetch_bytes,
+            reads: self.reads - earlier.reads,
+            wait_secs: self.wait_secs - earlier.wait_secs,
+            disk_busy_secs: self.disk_busy_secs - earlier.disk_busy_secs,
+            layers: self.layers.clone(),
+        }
+    }
+}
+
+pub struct ExpertStore {
+    files: Vec<Arc<DataFile>>,
+    layers: Vec<Vec<RecordLoc>>,
+    record_len: usize,
+    slot_len: usize,
+    slab: AlignedBuf,
+    state: Mutex<SlabState>,
+    notify: Arc<(Mutex<()>, Condvar)>,
+    io: Arc<IoEngine>,
+    counters: Counters,
+    prediction: Mutex<Vec<(Option<Vec<usize>>, LayerPrediction)>>,
+    opts: StoreOptions,
+    /// Describes where records come from, for messages ("pack at …", "checkpoint …").
+    pub origin: String,
+}
+
+/// After this many predictions a layer whose lookahead is mostly wrong stops prefetching.
+const PREDICTION_WARMUP: u64 = 64;
+const PREDICTION_MIN_PRECISION: f64 = 0.25;
+
+impl ExpertStore {
+    /// `files[i]`: path and drive of data file i; `layers[l]`: the records of layer l (empty for dense layers).
+    pub fn new(
+        files: &[(std::path::PathBuf, usize)],
+        layers: Vec<Vec<RecordLoc>>,
+        record_len: usize,
+        opts: StoreOptions,
+        origin: String,
+    ) -> Result<ExpertStore> {
+        let drives = files.iter().map(|f| f.1 + 1).max().unwrap_or(1);
+        let files: Vec<Arc<DataFile>> = files
+            .iter()
+            .map(|(p, d)| DataFile::open(p, opts.direct_io, *d).map(Arc::new))
+            .collect::<Result<_>>()?;
+        for (l, recs) in layers.iter().enumerate() {
+            for (e, r) in recs.iter().enumerate() {
+                let len: usize = r.extents.iter().map(|x| x.len).sum();
+                if len != record_len {
+                    bail!("layer {l} expert {e}: record is {len} bytes, expected {record_len}");
+                }
+                if r.extents.iter().any(|x| x.file >= files.len()) {
+                    bail!("layer {l} expert {e}: record names a data file that does not exist");
+                }
+            }
+        }
+        // Room for an aligned read that starts up to one page before the record and ends past it.
+        let slot_len = align_up(record_len as u64) as usize + 2 * ALIGN;
+        let working = opts.working_slots.max(2);
+        // No point in slots beyond every record the model has.
+        let records: usize = layers.iter().map(Vec::len).sum();
+        let cached = ((opts.cache_bytes / slot_len as u64) as usize).min(records.saturating_sub(working));
+        let n_slots = working + cached;
+        let slab = AlignedBuf::new(n_slots * slot_len);
+        let slots = (0..n_slots)
+            .map(|_| Slot {
+                key: None,
+                phase: Phase::Empty,
+                pins: 0,
+                start: 0,
+                done: None,
+                verified: false,
+                prefetched: false,
+            })
+            .collect();
+        let io = IoEngine::new(drives, opts.workers_per_drive);
+        Ok(ExpertStore {
+            files,
+            prediction: Mutex::new(vec![(None, LayerPrediction::default()); layers.len()]),
+            layers,
+            record_len,
+            slot_len,
+            slab,
+            state: Mutex::new(SlabState {
+                map: HashMap::new(),
+                slots,
+                policy: policy::State::new(opts.policy),
+            }),
+            notify: Arc::new((Mutex::new(()), Condvar::new())),
+            io,
+            counters: Counters::default(),
+            opts,
+            origin,
+        })
+    }
+
+    pub fn record_len(&self) -> usize {
+        self.record_len
+    }
+
+    pub fn slots(&self) -> usize {
+        self.state.lock().unwrap().slots.len()
+    }
+
+    pub fn io_modes(&self) -> Vec<IoMode> {
+        self.files.iter().map(|f| f.mode).collect()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let c = &self.counters;
+        let io = &self.io.counters;
+        Snapshot {
+            requests: c.requests.load(Ordering::Relaxed),
+            hits: c.hits.load(Ordering::Relaxed),
+            prefetch_hits: c.prefetch_hits.load(Ordering::Relaxed),
+            prefetch_issued: c.prefetch_issued.load(Ordering::Relaxed),
+            demand_bytes: io.demand_bytes.load(Ordering::Relaxed),
+            prefetch_bytes: io.prefetch_bytes.load(Ordering::Relaxed),
+            reads: io.reads.load(Ordering::Relaxed),
+            wait_secs: c.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            disk_busy_secs: io.busy_secs(),
+            layers: self
+                .prediction
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|p| p.1.clone())
+                .collect(),
+        }
+    }
+
+    /// Demand: the records of `experts` of `layer`, handed out as they arrive (in no particular order).
+    pub fn fetch(&self, layer: usize, experts: &[usize]) -> Fetch<'_> {
+        self.score_prediction(layer, experts);
+        self.counters
+            .requests
+            .fetch_add(experts.len() as u64, Ordering::Relaxed);
+        Fetch {
+            store: self,
+            layer,
+            pending: experts.to_vec(),
+            loading: Vec::new(),
+        }
+    }
+
+    /// Queues predicted records of `layer` into idle disk time, only into free or evictable slots, never
+    /// waiting. Predictions are scored against the next demand for the layer.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) {
+        {
+            let mut p = self.prediction.lock().unwrap();
+            if p[layer].1.disabled {
+                return;
+            }
+            p[layer].0 = Some(experts.to_vec());
+        }
+        if !self.opts.prefetch {
+            return;
+        }
+        let mut st = self.state.lock().unwrap();
+        // Keep at least half the working set free for demand.
+        let reserve = self.opts.working_slots.max(2) / 2;
+        for &e in experts {
+            if st.map.contains_key(&(layer, e)) {
+                continue;
+            }
+            settle_prefetched(&mut st);
+            let free_slots = st
+                .slots
+                .iter()
+                .filter(|s| s.pins == 0 && s.phase != Phase::Loading)
+                .count();
+            if free_slots <= reserve {
+                break;
+            }
+            let Some(slot) = self.take_slot(&mut st) else {
+                break;
+            };
+            self.start_load(&mut st, slot, (layer, e), false);
+            st.slots[slot].prefetched = true;
+            self.counters
+                .prefetch_issued
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn prediction_enabled(&self, layer: usize) -> bool {
+        self.opts.prefetch && !self.prediction.lock().unwrap()[layer].1.disabled
+    }
+
+    fn score_prediction(&self, layer: usize, actual: &[usize]) {
+        let mut p = self.prediction.lock().unwrap();
+        let (pred, stats) = &mut p[layer];
+        if let Some(pred) = pred.take() {
+            stats.predicted += pred.len() as u64;
+            stats.actual += actual.len() as u64;
+            stats.correct += pred.iter().filter(|e| actual.contains(e)).count() as u64;
+            if stats.predicted >= PREDICTION_WARMUP && stats.precision() < PREDICTION_MIN_PRECISION
+            {
+                stats.disabled = true;
+            }
+        }
+    }
+
+    /// A free slot, or the unpinned ready slot the policy values least.
+    fn take_slot(&self, st: &mut SlabState) -> Option<usize> {
+        settle_prefetched(st);
+        let SlabState { slots, policy, map } = st;
+        let victim = if let Some(i) = slots.iter().position(|s| s.phase == Phase::Empty) {
+            i
+        } else {
+            policy.victim(
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.pins == 0 && s.phase == Phase::Ready)
+                    .filter_map(|(i, s)| Some((i, s.key?))),
+            )?
+        };
+        if let Some(k) = slots[victim].key.take() {
+            map.remove(&k);
+        }
+        slots[victim].phase = Phase::Empty;
+        Some(victim)
+    }
+
+    /// Issues the reads of `key` into `slot`.
+    fn start_load(&self, st: &mut SlabState, slot: usize, key: Key, demand: bool) {
+        let rec = &self.layers[key.0][key.1];
+        let base = self.slab.as_ptr().wrapping_add(slot * self.slot_len);
+        let single =
+            rec.extents.len() == 1 && self.files[rec.extents[0].file].mode == IoMode::Direct;
+        // Direct reads cover whole pages around the record; buffered reads land the record at slot start.
+        // (file, offset, len, bytes that must arrive, destination offset in the slot)
+        type Op = (Arc<DataFile>, u64, usize, usize, usize);
+        let (start, ops): (usize, Vec<Op>) = if single {
+            let x = &rec.extents[0];
+            let end = x.offset + x.len as u64;
+            let (a, b) = (align_down(x.offset), align_up(end));
+            let mut ops = Vec::new();
+            let mut at = a;
+            while at < b {
+                let len = ((b - at) as usize).min(self.opts.chunk_bytes.max(ALIGN));
+                let need = (end.min(at + len as u64) - at) as usize;
+                ops.push((self.files[x.file].clone(), at, len, need, (at - a) as usize));
+                at += len as u64;
+            }
+            ((x.offset - a) as usize, ops)
+        } else {
+            let mut ops = Vec::new();
+            let mut dst = 0;
+            for x in &rec.extents {
+                let mut at = 0;
+                while at < x.len {
+                    let len = (x.len - at).min(self.opts.chunk_bytes.max(ALIGN));
+                    ops.push((
+                        self.files[x.file].clone(),
+                        x.offset + at as u64,
+                        len,
+                        len,
+                        dst + at,
+                    ));
+                    at += len;
+                }
+                dst += x.len;
+            }
+            (0, ops)
+        };
+        let done = Completion::new(ops.len() as u64, self.notify.clone());
+        let s = &mut st.slots[slot];
+        *s = Slot {
+            key: Some(key),
+            phase: Phase::Loading,
+            pins: 0,
+            start,
+            done: Some(done.clone()),
+            verified: false,
+            prefetched: false,
+        };
+        st.map.insert(key, slot);
+        if demand {
+            // A speculative load is not a use: an unclaimed prefetch is the first thing LRU evicts.
+            st.policy.touch(key);
+        }
+        for (file, offset, len, need, dst) in ops {
+            let op = ReadOp {
+                file,
+                offset,
+                len,
+                need,
+                dst: base.wrapping_add(dst),
+                done: done.clone(),
+            };
+            self.io.submit(op, demand);
+        }
+    }
+
+    fn record(&self, slot: usize, start: usize) -> &[u8] {
+        &self.slab.as_slice()[slot * self.slot_len + start..][..self.record_len]
+    }
+
+    fn release(&self, slot: usize) {
+        let mut st = self.state.lock().unwrap();
+        st.slots[slot].pins -= 1;
+        drop(st);
+        let (lock, cv) = &*self.notify;
+        let _g = lock.lock().unwrap();
+        cv.notify_all();
+    }
+}
+
+/// Prefetched records whose reads finished while nobody waited on them become ordinary ready (evictable)
+/// entries; failed ones are dropped so that a later demand reads them again and reports the error itself.
+fn settle_prefetched(st: &mut SlabState) {
+    let SlabState { slots, map, .. } = st;
+    for s in slots.iter_mut() {
+        if s.phase == Phase::Loading && s.pins == 0 && s.done.as_ref().is_some_and(|d| d.is_done())
+        {
+            let failed = s.done.take().and_then(|d| d.error()).is_some();
+            s.phase = if failed { Phase::Empty } else { Phase::Ready };
+            if failed {
+                if let Some(k) = s.key.take() {
+                    map.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ExpertStore {
+    fn drop(&mut self) {
+        // Workers write into the slab: stop them before it is freed.
+        self.io.shutdown();
+    }
+}
+
+/// One layer's demand, yielding records as their reads complete.
+pub struct Fetch<'a> {
+    store: &'a ExpertStore,
+    layer: usize,
+    pending: Vec<usize>,
+    loading: Vec<(usize, usize)>,
+}
+
+/// A pinned record: its bytes stay put until this is dropped.
+pub struct RecordRef<'a> {
+    store: &'a ExpertStore,
+    slot: usize,
+    start: usize,
+    pub expert: usize,
+}
+
+impl RecordRef<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        self.store.record(self.slot, self.start)
+    }
+}
+
+impl Drop for RecordRef<'_> {
+    fn drop(&mut self) {
+        self.store.release(self.slot);
+    }
+}
+
+impl<'a> Fetch<'a> {
+    /// The next arrived record; `None` when all were handed out.
+    #[allow(clippy::should_implement_trait)] // blocking and fallible, unlike Iterator::next's contract
+    pub fn next(&mut self) -> Option<Result<RecordRef<'a>>> {
+        let store = self.store;
+        let t0 = Instant::now();
+        let result = loop {
+            self.issue();
+            if self.pending.is_empty() && self.loading.is_empty() {
+                break None;
+            }
+            if let Some(i) = self.loading.iter().position(|&(_, slot)| {
+                store.state.lock().unwrap().slots[slot]
+                    .done
+                    .as_ref()
+                    .is_none_or(|d| d.is_done())
+            }) {
+                let (e, slot) = self.loading.swap_remove(i);
+                break Some(self.finish(e, slot));
+            }
+            let (lock, cv) = &*store.notify;
+            let g = lock.lock().unwrap();
+            // Re-check under the lock is unnecessary: completions notify under it; the timeout only bounds a
+            // missed wake-up when a slot frees up through another fetch.
+            let _ = cv.wait_timeout(g, Duration::from_millis(5)).unwrap();
+        };
+        store
+            .counters
+            .wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        result
+    }
+
+    /// Assigns slots to pending experts (in request order) while slots are available.
+    fn issue(&mut self) {
+        let store = self.store;
+        let mut st = store.state.lock().unwrap();
+        while let Some(&e) = self.pending.first() {
+            let key = (self.layer, e);
+            let slot = if let Some(&slot) = st.map.get(&key) {
+                let s = &mut st.slots[slot];
+                if s.prefetched {
+                    s.prefetched = false;
+                    store.counters.prefetch_hits.fetch_add(1, Ordering::Relaxed);
+                    if let Some(d) = s.done.clone().filter(|d| !d.is_done()) {
+                        drop(st);
+                        store.io.promote(&d);
+                        st = store.state.lock().unwrap();
+                    }
+                } else if s.phase == Phase::Ready {
+                    store.counters.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                st.policy.touch(key);
+                slot
+            } else {
+                let Some(slot) = store.take_slot(&mut st) else {
+                    break;
+                };
+                store.start_load(&mut st, slot, key, true);
+                slot
+            };
+            st.slots[slot].pins += 1;
+            self.loading.push((e, slot));
+            self.pending.remove(0);
+        }
+    }
+
+    fn finish(&self, e: usize, slot: usize) -> Result<RecordRef<'a>> {
+        let store = self.store;
+        let mut st = store.state.lock().unwrap();
+        let (done, start) = (st.slots[slot].done.take(), st.slots[slot].start);
+        let fail = |st: &mut SlabState, msg: String| -> Result<RecordRef<'a>> {
+            // Never leave bad bytes where a later request would trust them.
+            st.slots[slot].pins -= 1;
+            st.slots[slot].phase = Phase::Empty;
+            if let Some(k) = st.slots[slot].key.take() {
+                st.map.remove(&k);
+            }
+            bail!("layer {} expert {e}: {msg}", self.layer)
+        };
+        if let Some(err) = done.as_ref().and_then(|d| d.error()) {
+            return fail(&mut st, format!("read failed ({}): {err}", store.origin));
+        }
+        if st.slots[slot].phase == Phase::Empty {
+            // Another pass sharing this load saw it fail and dropped it.
+            return fail(&mut st, "its read failed in a concurrent pass".into());
+        }
+        st.slots[slot].phase = Phase::Ready;
+        if !st.slots[slot].verified {
+            if let Some(want) = store.layers[self.layer][e].checksum {
+                let got = xxhash_rust::xxh3::xxh3_64(store.record(slot, start));
+                if got != want {
+                    let file = &store.files[store.layers[self.layer][e].extents[0].file].path;
+                    return fail(
+                        &mut st,
+                        format!(
+                            "checksum mismatch in {} (manifest {want:016x}, read {got:016x}); the pack is damaged — re-run `deltafin pack`",
+                            file.display()
+                        ),
+                    );
+                }
+            }
+            st.slots[slot].verified = true;
+        }
+        Ok(RecordRef {
+            store,
+            slot,
+            start,
+            expert: e,
+        })
+    }
+}
+
+impl Drop for Fetch<'_> {
+    fn drop(&mut self) {
+        // Records issued but never handed out (an error cut the pass short): wait for their reads, unpin them.
+        for &(_, slot) in &self.loading {
+            let done = self.store.state.lock().unwrap().slots[slot].done.clone();
+            while let Some(d) = &done {
+                if d.is_done() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let mut st = self.store.state.lock().unwrap();
+            st.slots[slot].pins -= 1;
+            if st.slots[slot].phase == Phase::Loading {
+                st.slots[slot].phase = Phase::Empty;
+                if let Some(k) = st.slots[slot].key.take() {
+                    st.map.remove(&k);
+                }
+            }
+        }
+    }
+}

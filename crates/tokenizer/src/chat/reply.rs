@@ -1,0 +1,236 @@
+//! Splitting a K3 reply into reasoning, content and tool calls as its text streams in.
+
+use super::{
+    unescape_attribute, ToolCall, K3_END_OF_MSG, K3_RESPONSE_CLOSE, K3_RESPONSE_OPEN, K3_SEP,
+    K3_THINK_CLOSE, K3_THINK_OPEN, K3_TOOL_CALL_CLOSE, K3_TOOL_CALL_OPEN,
+};
+
+/// What a piece of reply text turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplyEvent {
+    /// Thinking: text before the think-close marker.
+    Reasoning(String),
+    /// The answer.
+    Content(String),
+    /// A complete tool-call block.
+    ToolCall(ToolCall),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Reasoning,
+    Content,
+    /// Inside `<|open|>tool_call ...` up to its `<|sep|>`.
+    ToolHeader,
+    /// Inside a tool call's arguments.
+    ToolArguments,
+    /// After the message closed; the rest is ignored.
+    Done,
+}
+
+/// `<|close|>message<|sep|>` (the whole message close but for the stop token, which generation
+/// usually stops at before it is decoded).
+const MESSAGE_CLOSE_START: &str = "<|close|>message<|sep|>";
+
+/// Streaming parser for K3 replies (text with special tokens rendered as their names, as
+/// [`crate::StreamDecoder`] gives it). Feed it pieces of any size: a marker split across pieces is held
+/// back until it is complete or can no longer be one.
+///
+/// Markers: [`K3_THINK_CLOSE`] ends reasoning (so does [`K3_RESPONSE_OPEN`] if the model skips the
+/// close); [`K3_THINK_OPEN`] while reasoning and the response block markers are dropped; a tool-call
+/// block becomes one [`ReplyEvent::ToolCall`]; `<|close|>message<|sep|>` or `<|end_of_msg|>` ends the
+/// reply and everything after it is ignored. Text that only looks like a marker once decoded (a user
+/// could make the model write "<|close|>think<|sep|>" as plain text) is indistinguishable here.
+pub struct ReplyParser {
+    state: State,
+    pending: String,
+    tool_header: String,
+    tool_arguments: String,
+}
+
+impl Default for ReplyParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReplyParser {
+    /// A parser for a reply to a prompt that ended with [`super::K3_GENERATION_PROMPT`]: the reply
+    /// starts inside the think block.
+    pub fn new() -> Self {
+        Self::starting_in(State::Reasoning)
+    }
+
+    /// A parser for a reply that starts with the answer (a prompt that already closed the think block).
+    pub fn starting_in_content() -> Self {
+        Self::starting_in(State::Content)
+    }
+
+    fn starting_in(state: State) -> Self {
+        ReplyParser {
+            state,
+            pending: String::new(),
+            tool_header: String::new(),
+            tool_arguments: String::new(),
+        }
+    }
+
+    fn markers(&self) -> &'static [&'static str] {
+        match self.state {
+            State::Reasoning => &[
+                K3_THINK_CLOSE,
+                K3_THINK_OPEN,
+                K3_RESPONSE_OPEN,
+                MESSAGE_CLOSE_START,
+                K3_END_OF_MSG,
+            ],
+            State::Content => &[
+                K3_RESPONSE_OPEN,
+                K3_RESPONSE_CLOSE,
+                K3_TOOL_CALL_OPEN,
+                MESSAGE_CLOSE_START,
+                K3_END_OF_MSG,
+            ],
+            State::ToolHeader => &[K3_SEP],
+            State::ToolArguments => &[K3_TOOL_CALL_CLOSE],
+            State::Done => &[],
+        }
+    }
+
+    /// Feeds the next piece of reply text; returns what is now known to be reasoning, content or a tool
+    /// call (consecutive text of one kind is merged into one event).
+    pub fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
+        let mut events = Vec::new();
+        if self.state == State::Done {
+            return events;
+        }
+        self.pending.push_str(text);
+        loop {
+            let markers = self.markers();
+            let found = markers
+                .iter()
+                .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
+                .min_by_key(|&(at, m)| (at, std::cmp::Reverse(m.len())));
+            match found {
+                Some((at, marker)) => {
+                    let before: String = self.pending.drain(..at + marker.len()).collect();
+                    self.emit(&before[..at], &mut events);
+                    self.on_marker(marker, &mut events);
+                    if self.state == State::Done {
+                        self.pending.clear();
+                        break;
+                    }
+                }
+                None => {
+                    let hold = held_suffix(&self.pending, markers);
+                    let ready: String = self.pending.drain(..self.pending.len() - hold).collect();
+                    self.emit(&ready, &mut events);
+                    break;
+                }
+            }
+        }
+        events
+    }
+
+    /// Ends the reply: feeds `text`, then releases any held text (a marker cut off by the end of the
+    /// stream is plain text) and an unfinished tool-call block (as content, verbatim).
+    pub fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
+        let mut events = self.push(text);
+        let rest = std::mem::take(&mut self.pending);
+        match self.state {
+            State::ToolHeader | State::ToolArguments => {
+                let mut raw = String::from(K3_TOOL_CALL_OPEN);
+                raw.push_str(&std::mem::take(&mut self.tool_header));
+                if self.state == State::ToolArguments {
+                    raw.push_str(K3_SEP);
+                    raw.push_str(&std::mem::take(&mut self.tool_arguments));
+                }
+                raw.push_str(&rest);
+                self.state = State::Content;
+                self.emit(&raw, &mut events);
+            }
+            _ => self.emit(&rest, &mut events),
+        }
+        self.state = State::Done;
+        events
+    }
+
+    fn emit(&mut self, text: &str, events: &mut Vec<ReplyEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        let event = match self.state {
+            State::Reasoning => ReplyEvent::Reasoning(text.to_string()),
+            State::Content => ReplyEvent::Content(text.to_string()),
+            State::ToolHeader => return self.tool_header.push_str(text),
+            State::ToolArguments => return self.tool_arguments.push_str(text),
+            State::Done => return,
+        };
+        match (events.last_mut(), event) {
+            (Some(ReplyEvent::Reasoning(a)), ReplyEvent::Reasoning(b))
+            | (Some(ReplyEvent::Content(a)), ReplyEvent::Content(b)) => a.push_str(&b),
+            (_, event) => events.push(event),
+        }
+    }
+
+    fn on_marker(&mut self, marker: &str, events: &mut Vec<ReplyEvent>) {
+        self.state = match (self.state, marker) {
+            (_, MESSAGE_CLOSE_START | K3_END_OF_MSG) => State::Done,
+            (State::Reasoning, K3_THINK_CLOSE | K3_RESPONSE_OPEN) => State::Content,
+            (State::Content, K3_TOOL_CALL_OPEN) => State::ToolHeader,
+            (State::ToolHeader, _) => State::ToolArguments,
+            (State::ToolArguments, _) => {
+                let header = std::mem::take(&mut self.tool_header);
+                events.push(ReplyEvent::ToolCall(ToolCall {
+                    id: attribute(&header, "id").unwrap_or_default(),
+                    name: attribute(&header, "name").unwrap_or_default(),
+                    arguments: std::mem::take(&mut self.tool_arguments),
+                }));
+                State::Content
+            }
+            // Dropped markers: a repeated think open, the response block's open and close.
+            (state, _) => state,
+        };
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of one of `markers`.
+fn held_suffix(text: &str, markers: &[&str]) -> usize {
+    let longest = markers.iter().map(|m| m.len() - 1).max().unwrap_or(0);
+    (1..=longest.min(text.len()))
+        .rev()
+        .filter(|&n| text.is_char_boundary(text.len() - n))
+        .find(|&n| {
+            let tail = &text[text.len() - n..];
+            markers.iter().any(|m| m.len() > n && m.starts_with(tail))
+        })
+        .unwrap_or(0)
+}
+
+/// The unescaped value of ` key="..."` in a tool-call header.
+fn attribute(header: &str, key: &str) -> Option<String> {
+    let start = header.find(&format!(" {key}=\""))? + key.len() + 3;
+    let len = header[start..].find('"')?;
+    Some(unescape_attribute(&header[start..start + len]))
+}
+
+/// A whole reply, parsed at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reply {
+    pub reasoning: String,
+    pub content: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// Parses a complete reply to a prompt that ended with the generation prompt (see [`ReplyParser`]).
+pub fn parse_reply(text: &str) -> Reply {
+    let mut reply = Reply::default();
+    for event in ReplyParser::new().finish(text) {
+        match event {
+            ReplyEvent::Reasoning(t) => reply.reasoning.push_str(&t),
+            ReplyEvent::Content(t) => reply.content.push_str(&t),
+            ReplyEvent::ToolCall(c) => reply.tool_calls.push(c),
+        }
+    }
+    reply
+}

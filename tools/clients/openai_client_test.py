@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Drives a running `deltafin serve` with the official `openai` Python package: models, chat (plain and
+streaming), completions, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
+
+Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY
+Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/openai_client.rs.
+"""
+
+import argparse
+import concurrent.futures
+import sys
+
+import openai
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--api-key", required=True)
+    ap.add_argument("--parallel", type=int, default=8)
+    a = ap.parse_args()
+    client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+
+    # Models.
+    ids = [m.id for m in client.models.list()]
+    check(ids == [a.model], f"models: {ids}")
+    check(client.models.retrieve(a.model).id == a.model, "models.retrieve")
+
+    # Chat, greedy, no thinking: the answer is content.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
+    r = client.chat.completions.create(model=a.model, messages=messages, max_tokens=10, temperature=0,
+                                       reasoning_effort="none", logprobs=True, top_logprobs=2)
+    choice = r.choices[0]
+    check(isinstance(choice.message.content, str), "chat content is a string")
+    check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason}")
+    check(1 <= r.usage.completion_tokens <= 10, f"usage {r.usage}")
+    check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, "total_tokens")
+    for item in choice.logprobs.content:
+        check(item.logprob <= 0 and len(item.top_logprobs) == 2, f"logprob item {item}")
+        check(item.top_logprobs[0].logprob >= item.logprob, "greedy token is the most likely")
+
+    # Streaming gives the same text, ends with usage when asked.
+    text, usage, finish = "", None, None
+    stream = client.chat.completions.create(model=a.model, messages=messages, max_tokens=10, temperature=0,
+                                            reasoning_effort="none", stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    check(text == choice.message.content, f"stream {text!r} vs {choice.message.content!r}")
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, f"stream usage {usage}")
+    check(finish == choice.finish_reason, "stream finish_reason")
+
+    # Thinking on: reasoning arrives as reasoning_content.
+    t = client.chat.completions.create(model=a.model, messages=messages, max_tokens=6, temperature=0,
+                                       reasoning_effort="low")
+    reasoning = (t.choices[0].message.model_extra or {}).get("reasoning_content") or ""
+    check(reasoning or t.choices[0].message.content, "thinking reply has text")
+    check(t.usage.completion_tokens_details.reasoning_tokens > 0, f"reasoning tokens {t.usage}")
+
+    # Seeds: same seed, same text.
+    kw = dict(model=a.model, prompt="Experts stream from", max_tokens=16, temperature=1.0, top_p=0.9)
+    s1 = client.completions.create(seed=7, **kw).choices[0].text
+    s2 = client.completions.create(seed=7, **kw).choices[0].text
+    check(s1 == s2, f"seeded texts differ: {s1!r} {s2!r}")
+
+    # Completions with logprobs, plain and streamed; a stop string from the greedy text.
+    g = client.completions.create(model=a.model, prompt="Experts stream from", max_tokens=24, temperature=0,
+                                  logprobs=2)
+    gtext = g.choices[0].text
+    check(len(g.choices[0].logprobs.tokens) >= 1, "completion logprobs")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=a.model, prompt="Experts stream from", max_tokens=24, temperature=0, stream=True) if c.choices)
+    check(streamed == gtext, f"completion stream {streamed!r} vs {gtext!r}")
+    if len(gtext) >= 8:
+        stop = gtext[4:7]
+        s = client.completions.create(model=a.model, prompt="Experts stream from", max_tokens=24,
+                                      temperature=0, stop=[stop])
+        check(s.choices[0].text == gtext[:gtext.index(stop)], f"stop {stop!r}: {s.choices[0].text!r}")
+        check(s.choices[0].finish_reason == "stop", "stop finish_reason")
+
+    # Errors are OpenAI-shaped and name the field.
+    for kwargs, param in [(dict(n=2), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
+                          (dict(stop=["a", "b", "c", "d", "e"]), "stop")]:
+        try:
+            client.chat.completions.create(model=a.model, messages=messages, max_tokens=2, **kwargs)
+            raise AssertionError(f"{param}: expected a 400")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and param in str(e), f"{param}: {e}")
+    try:
+        client.chat.completions.create(model="not-this-one", messages=messages, max_tokens=2)
+        raise AssertionError("unknown model: expected a 404")
+    except openai.NotFoundError:
+        pass
+    bad_key = openai.OpenAI(base_url=a.base_url, api_key="wrong", max_retries=0, timeout=30)
+    try:
+        bad_key.models.list()
+        raise AssertionError("wrong key: expected a 401")
+    except openai.AuthenticationError:
+        pass
+
+    # Parallel clients: each completes or is told 429; none hangs (the client timeout bounds each).
+    def one(i):
+        try:
+            out = client.chat.completions.create(
+                model=a.model, messages=[{"role": "user", "content": f"Client {i}"}],
+                max_tokens=64, temperature=0.7, seed=i, reasoning_effort="none")
+            return "ok" if out.choices[0].finish_reason in ("stop", "length") else "bad"
+        except openai.RateLimitError:
+            return "429"
+    with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
+        results = list(pool.map(one, range(a.parallel), timeout=300))
+    check(all(r in ("ok", "429") for r in results), f"parallel results {results}")
+    check("ok" in results, f"no parallel request completed: {results}")
+    print(f"parallel: {results.count('ok')} completed, {results.count('429')} got 429")
+    print("openai client test: all checks passed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)
