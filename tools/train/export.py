@@ -251,4 +251,5 @@ def load(directory, dtype=torch.float64):
         sd[key] = torch.from_numpy(np.ascontiguousarray(arr).reshape(t.shape))
     assert not raw, f"tensors not consumed: {sorted(raw)[:5]}"
     model.load_state_dict(sd)
+    model.prequantized = True
     return model.to(dtype).eval()

@@ -355,6 +355,18 @@ class MoE(nn.Module):
             stats["load"] = mask.reshape(-1, cfg.n_experts).sum(0)
         z = self.routed_expert_down_proj(x)
         w1, w2, w3 = self.expert_weights(quant)
+        if not torch.is_grad_enabled():
+            # Inference: only the chosen experts, accumulated in ascending expert id.
+            zf = z.reshape(-1, z.shape[-1]).to(torch.promote_types(z.dtype, torch.float32))
+            wf, idf = w.reshape(-1, cfg.n_experts), ids.reshape(-1, cfg.top_k)
+            acc = torch.zeros_like(zf)
+            for e in torch.unique(idf).tolist():
+                rows = (idf == e).any(-1).nonzero().squeeze(-1)
+                hz = situ(zf[rows] @ w1[e].t(), zf[rows] @ w3[e].t(), cfg.situ_beta, cfg.situ_linear_beta)
+                acc[rows] += wf[rows, e, None].to(zf.dtype) * (hz @ w2[e].t())
+            acc = acc.reshape(z.shape)
+            r = self.routed_expert_up_proj(rms(acc, self.routed_expert_norm, cfg.eps))
+            return r + self.shared_experts(x)
         # Every expert on every token, weighted by the (mostly zero) routing weights: no gather or
         # scatter, so the computation is deterministic on the GPU; the waste is small at this size.
         h = situ(torch.einsum("...l,eil->...ei", z, w1), torch.einsum("...l,eil->...ei", z, w3),
@@ -420,16 +432,22 @@ class K3Model(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
-    def forward(self, ids, quant=True, recurrent=False, stats=None, dropout=0.0):
+    # True once the routed experts hold MXFP4 values already (export.load): no fake quantisation.
+    prequantized = False
+
+    def forward(self, ids, quant=None, recurrent=False, stats=None, dropout=0.0):
         """Logits [B, T, vocab] for ids [B, T] (teacher forcing, causal, fresh state).
 
-        stats (a list) receives per layer {'router_in': x, 'ids': chosen ids, 'load': per-expert count}
-        (router_in for every layer, dense layer 0 included, for lookahead predictions)."""
+        stats (a list) receives per layer {'router_in': the MLP's normed input, 'h_in': the partial sum
+        entering the layer, 'ids': chosen ids, 'load': per-expert count} (ids/load for MoE layers)."""
         cfg = self.cfg
         eps = cfg.eps
+        if quant is None:
+            quant = not self.prequantized
         h = self.embed_tokens(ids)
         anchors = []
         for L, layer in enumerate(self.layers):
+            h_in = h
             w_attn = layer.self_attention_res_norm * layer.self_attention_res_proj[0]
             w_mlp = layer.mlp_res_norm * layer.mlp_res_proj[0]
             a = attn_res_mix(anchors + [h], w_attn, eps) if anchors else h
@@ -447,7 +465,7 @@ class K3Model(nn.Module):
             xm = rms(m, layer.post_attention_layernorm, eps)
             st = None
             if stats is not None:
-                st = {"router_in": xm}
+                st = {"router_in": xm, "h_in": h_in}
                 stats.append(st)
             if L == 0:
                 y = layer.mlp(xm)

@@ -96,6 +96,8 @@ def check_export(engine):
             got = back(torch.tensor([ids]))[0].numpy()
             rec = back(torch.tensor([ids]), recurrent=True)[0].numpy()
         assert rel(got, rec) < 1e-12
+        dense = back(torch.tensor([ids]))[0].detach().numpy()  # grad enabled: every expert, masked
+        assert rel(got, dense) < 1e-12, rel(got, dense)
         import reference
         refm = reference.Model(d)
         ref = refm.forward(ids)

@@ -50,7 +50,7 @@ PRESETS = {
                      qk_rope=32, v_head=64, dense_inter=1024, n_experts=64, top_k=8, moe_inter=128,
                      latent=128, n_shared=2),
         steps=2400, batch=32, seq=256, lr=2e-3, warmup=150, weight_decay=0.1, dropout=0.1,
-        bias_gamma=1e-3, seed=1234, eval_every=150),
+        bias_gamma=5e-3, seed=1234, eval_every=150),
     # ~3 MB: 4 layers (MLA at 1-based 4), 2 AttnRes blocks, 16 experts top-4.
     "drafter": dict(
         cfg=K3Config(vocab_size=4352, hidden=128, layers=4, full_attn_layers=[4], attn_res_block=2,
@@ -58,7 +58,7 @@ PRESETS = {
                      qk_rope=32, v_head=64, dense_inter=512, n_experts=16, top_k=4, moe_inter=64,
                      latent=64, n_shared=2),
         steps=1500, batch=32, seq=256, lr=3e-3, warmup=100, weight_decay=0.1, dropout=0.1,
-        bias_gamma=1e-3, seed=4321, eval_every=150),
+        bias_gamma=5e-3, seed=4321, eval_every=150),
 }
 
 

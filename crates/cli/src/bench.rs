@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Instead of the I/O benchmark: prefill and decode speed on the built-in `small` model with every expert
+    /// cached, against the memory-bandwidth bound measured in the same run.
+    #[arg(long)]
+    compute: bool,
 }
 
 struct Step {
@@ -52,6 +56,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => crate::default_cache_dir()?,
     };
+    if a.compute {
+        return compute_bench(&cache, &a);
+    }
     let dir = cache.join("kimi_k3-bench-seed0");
     if !dir.join("config.json").exists() {
         eprintln!("creating the bench model (about 10 GB) in {} ...", dir.display());
@@ -245,4 +252,79 @@ fn machine() -> String {
         crate::store_args::physical_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
         deltafin_kernels::isa()
     )
+}
+
+/// Prefill and decode on the `small` preset with all experts in the RAM cache: the compute path alone.
+fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
+    let dir = cache.join("kimi_k3-small-seed0");
+    if !dir.join("config.json").exists() {
+        crate::create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ()))?;
+    }
+    let store = StoreArgs { expert_cache: Some("4G".into()), ..StoreArgs::default() };
+    let model = Model::load_with(&dir, &store.load_options()?)?;
+    let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
+    let run = |stats: &Stats| -> Result<(f64, f64)> {
+        let mut s = model.new_session();
+        let t0 = Instant::now();
+        let logits = model.forward(&mut s, &prompt, LogitRows::Last, stats)?;
+        let prefill = t0.elapsed().as_secs_f64();
+        let mut next = deltafin_engine::sampler::argmax(&logits);
+        let t1 = Instant::now();
+        for _ in 0..a.tokens {
+            next = deltafin_engine::sampler::argmax(&model.forward(&mut s, &[next], LogitRows::Last, stats)?);
+        }
+        Ok((prefill, t1.elapsed().as_secs_f64() / a.tokens as f64))
+    };
+    run(&Stats::default())?; // warm the expert cache
+    let mut prefills = Vec::new();
+    let mut steps = Vec::new();
+    let stats = Stats::default();
+    for _ in 0..a.runs {
+        let (p, d) = run(&stats)?;
+        prefills.push(p);
+        steps.push(d);
+    }
+    // Bytes one decode step touches: every resident spine matrix once, plus its routed experts.
+    let spine = deltafin_models::spine_bytes(&dir)?;
+    let expert_per_token = stats.bytes() as f64 / (a.runs * (prompt.len() + a.tokens)) as f64;
+    let bw = memory_bandwidth();
+    let step = median(steps);
+    let prefill = median(prefills);
+    let bound = (spine as f64 + expert_per_token) / bw;
+    println!("machine: {}", machine());
+    println!("memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)", bw / 1e9);
+    println!(
+        "prefill: {:.1} tok/s ({} tokens in {:.3}s)",
+        prompt.len() as f64 / prefill,
+        prompt.len(),
+        prefill
+    );
+    println!(
+        "decode: {:.2} tok/s ({:.2} ms/token); bytes per token {:.1} MB (spine {:.1} MB + experts {:.1} MB); memory bound {:.2} ms/token; efficiency {:.2}",
+        1.0 / step,
+        step * 1e3,
+        (spine as f64 + expert_per_token) / 1e6,
+        spine as f64 / 1e6,
+        expert_per_token / 1e6,
+        bound * 1e3,
+        bound / step
+    );
+    println!("(medians over {} runs of a {}-token prefill and {} decode steps)", a.runs, prompt.len(), a.tokens);
+    Ok(())
+}
+
+/// Bytes per second of a parallel sequential read of 1 GiB, median of 5.
+fn memory_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let buf: Vec<u64> = (0..(1u64 << 27)).collect();
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            let sum: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a ^ x)).reduce(|| 0, |a, b| a ^ b);
+            std::hint::black_box(sum);
+            (buf.len() * 8) as f64 / t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
 }

@@ -1,22 +1,31 @@
-//! `run` and `demo`: tokenize, generate with the engine, stream the text, report where the time went.
+//! `run` and `demo`: tokenize (raw or as a chat), generate with the engine, stream the text, and with
+//! `--stats` report where the time went.
 
+use crate::chat::{ChatFormat, ReplyPrinter};
+use crate::progress;
 use crate::GenArgs;
 use anyhow::{bail, Context, Result};
 use deltafin_engine::{generate, Flow, Request, SamplingParams};
 use deltafin_formats::npy;
 use deltafin_models::{LoadOptions, Model, Stats};
-use deltafin_tokenizer::Tokenizer;
+use deltafin_tokenizer::chat::ChatMessage;
+use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
 pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let t_load = Instant::now();
-    let model = Model::load_with(dir, load)?;
+    let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     let tokenizer = if dir.join("tiktoken.model").exists() {
         Some(Tokenizer::from_dir(dir)?)
+    } else {
+        None
+    };
+    let format = if args.chat {
+        Some(ChatFormat::for_checkpoint(dir, cfg.family)?)
     } else {
         None
     };
@@ -28,64 +37,71 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
                     dir.display()
                 )
             })?;
-            tok.encode(text)
+            match &format {
+                Some(f) => {
+                    let mut messages: Vec<ChatMessage> =
+                        args.system.iter().map(ChatMessage::system).collect();
+                    messages.push(ChatMessage::user(text));
+                    f.prompt(tok, &messages, args.effort)?
+                }
+                None => tok.encode(text),
+            }
         }
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("pass --prompt TEXT or --prompt-ids 1,2,3"),
     };
     let load_secs = t_load.elapsed().as_secs_f64();
 
+    let stop_ids = match (&format, &tokenizer) {
+        _ if args.ignore_eos => vec![],
+        (Some(f), Some(tok)) => f.stop_ids(tok, cfg.eos_token_id),
+        _ => cfg.eos_token_id.into_iter().collect(),
+    };
     let req = Request {
         prompt,
         max_new: args.max_new,
-        stop_ids: if args.ignore_eos {
-            vec![]
-        } else {
-            cfg.eos_token_id.into_iter().collect()
-        },
+        stop_ids,
         sampling: SamplingParams::default(),
         prompt_logits: args.dump_logits.is_some(),
     };
     let stats = Stats::default();
     let mut out = std::io::stdout().lock();
     let mut chosen_logits: Vec<f32> = Vec::new();
-    let mut bytes: Vec<u8> = Vec::new();
-    let mut printed = 0usize;
-    let mut io_error = None;
+    let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
+    let mut parser = format.as_ref().map(ChatFormat::reply_parser);
+    let mut printer = ReplyPrinter::new(true);
+    let mut failure = None;
+    let prefill = progress::prefill_spinner(req.prompt.len());
     let output = generate(&model, &req, &stats, |token, logits| {
+        prefill.finish_and_clear();
         if args.dump_logits.is_some() {
             chosen_logits.extend_from_slice(logits);
         }
-        if let Some(tok) = &tokenizer {
-            // Print only whole UTF-8 characters; a split character waits for its next token.
-            match tok.decode_bytes(&[token]) {
-                Ok(b) => bytes.extend_from_slice(&b),
-                Err(e) => {
-                    io_error = Some(e);
-                    return Flow::Stop;
-                }
-            }
-            let valid = match std::str::from_utf8(&bytes[printed..]) {
-                Ok(s) => s.len(),
-                Err(e) => e.valid_up_to(),
-            };
-            if let Err(e) = out
-                .write_all(&bytes[printed..printed + valid])
-                .and_then(|_| out.flush())
-            {
-                io_error = Some(e.into());
+        if let Some(decoder) = &mut decoder {
+            let step = decoder.push(token).and_then(|text| match &mut parser {
+                Some(p) => Ok(printer.print(&mut out, p.push(&text))?),
+                None => Ok(out.write_all(text.as_bytes()).and_then(|_| out.flush())?),
+            });
+            if let Err(e) = step {
+                failure = Some(e);
                 return Flow::Stop;
             }
-            printed += valid;
         }
         Flow::Continue
     })?;
-    if let Some(e) = io_error {
+    prefill.finish_and_clear();
+    if let Some(e) = failure {
         return Err(e);
     }
-    if tokenizer.is_some() {
-        out.write_all(&bytes[printed..])?;
-        writeln!(out)?;
+    if let Some(decoder) = &mut decoder {
+        let rest = decoder.finish();
+        match &mut parser {
+            Some(p) => {
+                printer.print(&mut out, p.finish(&rest))?;
+                printer.end(&mut out)?;
+            }
+            None => writeln!(out, "{rest}")?,
+        }
     }
     if args.print_ids || tokenizer.is_none() {
         writeln!(out, "{}", serde_json::to_string(&output.tokens)?)?;
@@ -96,6 +112,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         rows.extend_from_slice(&chosen_logits);
         npy::write_f32(path, rows.len() / vocab, vocab, &rows)?;
     }
-    eprintln!("{}", crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs));
+    if args.stats {
+        eprintln!(
+            "{}",
+            crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs)
+        );
+    }
     Ok(())
 }

@@ -1,10 +1,15 @@
 //! `deltafin`: run mixture-of-experts models far larger than memory, exactly.
 
 mod bench;
+mod cuda_run;
+mod chat;
+mod doctor;
 mod generate;
+mod progress;
 mod report;
 mod store_args;
 mod store_cmds;
+mod tokenize;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -27,8 +32,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Greedy generation from a checkpoint directory.
+    /// Greedy generation from a checkpoint directory, from raw text or (--chat) as a chat reply.
     Run(RunArgs),
+    /// Talk to a model: an interactive conversation with streaming replies.
+    Chat(chat::ChatArgs),
+    /// Print the token ids of some text as a JSON list.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Check this machine (CPU features, memory, disk bandwidth) and a model directory's health.
+    Doctor(doctor::DoctorArgs),
     /// Create the built-in `small` K3 model once (in the cache directory) and generate from it.
     Demo(DemoArgs),
     /// Write a seeded random checkpoint in the exact Kimi K3 / Kimi Linear on-disk layout.
@@ -37,6 +48,8 @@ enum Command {
     Pack(store_cmds::PackArgs),
     /// Measure a drive's read bandwidth through deltafin's own read path.
     DiskProbe(store_cmds::DiskProbeArgs),
+    /// Replay routing traces through the expert-cache eviction policies and compare hit rates.
+    CacheSim(store_cmds::CacheSimArgs),
     /// Decode benchmark on an I/O-shaped K3 (about 10 GB, created once): tok/s, bytes, hit rate, efficiency.
     Bench(bench::BenchArgs),
     /// OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
@@ -52,6 +65,8 @@ struct RunArgs {
     gen: GenArgs,
     #[command(flatten)]
     store: store_args::StoreArgs,
+    #[command(flatten)]
+    device: cuda_run::DeviceArgs,
 }
 
 #[derive(Args)]
@@ -78,6 +93,23 @@ struct GenArgs {
     /// Print the generated token ids as a JSON list on stdout after the text.
     #[arg(long)]
     print_ids: bool,
+    /// Write one JSON line per generated token to this file: the pass's time, bytes read, cache hits, I/O
+    /// wait, time per layer and every row's routed experts (a routing trace `deltafin cache-sim` replays).
+    #[arg(long, value_name = "FILE.jsonl")]
+    events: Option<PathBuf>,
+    /// Treat --prompt as a user message: render the checkpoint's chat format and print the reply's
+    /// reasoning and answer apart (default: off, raw completion).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    chat: bool,
+    /// With --chat: a system message before the user message (default: none).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// With --chat: thinking effort announced to K3, low, high or max (default: none).
+    #[arg(long, requires = "chat")]
+    effort: Option<deltafin_tokenizer::chat::Effort>,
+    /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).
+    #[arg(long)]
+    stats: bool,
 }
 
 #[derive(Args)]
@@ -130,10 +162,17 @@ fn run(cli: Cli) -> Result<()> {
             .build_global()?;
     }
     match cli.command {
+        Command::Run(a) if a.device.device != deltafin_cuda::Device::Cpu => {
+            cuda_run::run(&a.model, &a.gen, &a.store.load_options()?, &a.device)
+        }
         Command::Run(a) => generate::run(&a.model, &a.gen, &a.store.load_options()?),
+        Command::Chat(a) => chat::chat(a),
+        Command::Tokenize(a) => tokenize::tokenize(a),
+        Command::Doctor(a) => doctor::doctor(a),
         Command::Pack(a) => store_cmds::pack(a),
         Command::DiskProbe(a) => store_cmds::disk_probe(a),
         Command::Bench(a) => bench::bench(a),
+        Command::CacheSim(a) => store_cmds::cache_sim(a),
         Command::Serve(a) => deltafin_server::run(a),
         Command::Demo(a) => demo(a),
         Command::MakeModel(a) => {
@@ -143,7 +182,9 @@ fn run(cli: Cli) -> Result<()> {
                     a.out.display()
                 );
             }
-            let s = make_model(a.arch, a.preset, a.seed, &a.out)?;
+            let s = progress::while_busy("writing the checkpoint", || {
+                make_model(a.arch, a.preset, a.seed, &a.out)
+            })?;
             println!("{}: {s}", a.out.display());
             Ok(())
         }
@@ -161,8 +202,10 @@ fn demo(a: DemoArgs) -> Result<()> {
             "creating the demo model (kimi_k3, small preset) in {} ...",
             dir.display()
         );
-        create_atomically(&dir, |tmp| {
-            make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
+        progress::while_busy("writing the demo model", || {
+            create_atomically(&dir, |tmp| {
+                make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
+            })
         })?;
     }
     let gen = GenArgs {
@@ -172,6 +215,11 @@ fn demo(a: DemoArgs) -> Result<()> {
         ignore_eos: false,
         dump_logits: None,
         print_ids: false,
+        events: None,
+        chat: false,
+        system: None,
+        effort: None,
+        stats: true,
     };
     generate::run(&dir, &gen, &store_args::StoreArgs::default().load_options()?)
 }

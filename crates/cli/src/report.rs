@@ -1,7 +1,13 @@
 //! The `[stats]` line: where the time and the bytes of a generation went.
 
+use anyhow::{Context, Result};
 use deltafin_engine::Output;
 use deltafin_models::{Model, Stats};
+use deltafin_store::Snapshot;
+use serde_json::json;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
 
 pub fn stats_line(model: &Model, stats: &Stats, n_prompt: usize, out: &Output, load_secs: f64) -> String {
     let store = model.store().snapshot();
@@ -34,4 +40,58 @@ pub fn stats_line(model: &Model, stats: &Stats, n_prompt: usize, out: &Output, l
         if predicted.is_empty() { "-".to_string() } else { predicted.join(" ") },
         deltafin_kernels::isa(),
     )
+}
+
+/// `--events FILE.jsonl`: one line per generated token describing the pass that chose it (the first line's
+/// pass is the prefill).
+pub struct Events {
+    file: std::io::BufWriter<std::fs::File>,
+    last: Snapshot,
+    last_layers: Vec<f64>,
+    since: Instant,
+    index: usize,
+}
+
+impl Events {
+    pub fn create(path: &Path, model: &Model) -> Result<Events> {
+        let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Events {
+            file: std::io::BufWriter::new(file),
+            last: model.store().snapshot(),
+            last_layers: Vec::new(),
+            since: Instant::now(),
+            index: 0,
+        })
+    }
+
+    pub fn token(&mut self, model: &Model, stats: &Stats, token: u32) -> Result<()> {
+        let now = model.store().snapshot();
+        let d = now.since(&self.last);
+        let layers = stats.layer_secs();
+        let layer_secs: Vec<f64> =
+            layers.iter().enumerate().map(|(l, t)| t - self.last_layers.get(l).copied().unwrap_or(0.0)).collect();
+        let routes: Vec<_> = stats.take_routes().into_iter().map(|(l, ids)| json!([l, ids])).collect();
+        let line = json!({
+            "index": self.index,
+            "pass": if self.index == 0 { "prefill" } else { "decode" },
+            "token": token,
+            "secs": self.since.elapsed().as_secs_f64(),
+            "demand_bytes": d.demand_bytes,
+            "prefetch_bytes": d.prefetch_bytes,
+            "requests": d.requests,
+            "hits": d.hits,
+            "prefetch_hits": d.prefetch_hits,
+            "io_wait_secs": d.wait_secs,
+            "disk_busy_secs": d.disk_busy_secs,
+            "layer_secs": layer_secs,
+            "routes": routes,
+        });
+        writeln!(self.file, "{line}")?;
+        self.file.flush()?;
+        self.last = now;
+        self.last_layers = layers;
+        self.since = Instant::now();
+        self.index += 1;
+        Ok(())
+    }
 }

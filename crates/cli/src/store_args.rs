@@ -28,13 +28,20 @@ pub struct StoreArgs {
     /// Reads in flight per drive.
     #[arg(long, default_value_t = 8)]
     pub io_workers: usize,
+    /// Memory for all weights (e.g. 48G). Spine layers beyond it are read from disk on every pass,
+    /// double-buffered. Default: no limit (the whole spine stays resident).
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
 }
 
 impl StoreArgs {
     pub fn load_options(&self) -> Result<LoadOptions> {
-        let cache_bytes = match &self.expert_cache {
-            Some(s) => parse_size(s)?,
-            None => physical_memory().unwrap_or(0) / 4,
+        let memory_budget = self.memory_budget.as_deref().map(parse_size).transpose()?;
+        let cache_bytes = match (&self.expert_cache, memory_budget) {
+            (Some(s), _) => parse_size(s)?,
+            // Under a budget the expert cache takes a quarter of it, the spine the rest.
+            (None, Some(b)) => b / 4,
+            (None, None) => physical_memory().unwrap_or(0) / 4,
         };
         if self.io_workers == 0 {
             bail!("--io-workers must be at least 1");
@@ -49,6 +56,7 @@ impl StoreArgs {
                 ..StoreOptions::default()
             },
             pack: self.pack.clone(),
+            memory_budget,
         })
     }
 }
@@ -62,6 +70,7 @@ impl Default for StoreArgs {
             no_prefetch: false,
             buffered_io: false,
             io_workers: 8,
+            memory_budget: None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `pack` and `disk-probe`: building expert packs and measuring drives.
 
 use crate::store_args::parse_size;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_store::{pack, probe};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -41,6 +41,9 @@ pub struct DiskProbeArgs {
     /// Read through the page cache (the probe file's pages are dropped first) instead of O_DIRECT.
     #[arg(long)]
     buffered_io: bool,
+    /// Which reader to measure: the engine's thread pool ("pool"), io_uring ("uring"), or both.
+    #[arg(long, default_value = "pool", value_parser = ["pool", "uring", "both"])]
+    engine: String,
 }
 
 pub fn pack(a: PackArgs) -> Result<()> {
@@ -90,11 +93,20 @@ pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
     }
     std::fs::create_dir_all(&a.dir)?;
     let file = probe::probe_file(&a.dir, size)?;
-    for &w in &a.workers {
+    let engines: &[&str] = match a.engine.as_str() {
+        "both" => &["pool", "uring"],
+        "uring" => &["uring"],
+        _ => &["pool"],
+    };
+    for (&w, &engine) in a.workers.iter().flat_map(|w| engines.iter().map(move |e| (w, e))) {
         probe::drop_cache(&file);
-        let r = probe::probe(&file, size, a.record, chunk, w.max(1), !a.buffered_io)?;
+        let r = if engine == "uring" {
+            probe::probe_uring(&file, size, a.record, chunk, w.max(1), !a.buffered_io)?
+        } else {
+            probe::probe(&file, size, a.record, chunk, w.max(1), !a.buffered_io)?
+        };
         println!(
-            "{}: {:.3} GB/s ({} MB in {:.2}s, {:?} I/O, {} reads in flight, {} KiB chunks)",
+            "{} [{engine}]: {:.3} GB/s ({} MB in {:.2}s, {:?} I/O, {} reads in flight, {} KiB chunks)",
             a.dir.display(),
             r.gbps(),
             r.bytes / 1_000_000,
@@ -105,4 +117,75 @@ pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[derive(Args)]
+pub struct CacheSimArgs {
+    /// Routing traces: `deltafin run --events` files (JSON lines with a "routes" list of [layer, ids]).
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// Cache capacities to simulate, in expert records.
+    #[arg(long, value_delimiter = ',', default_value = "64,128,256,512")]
+    capacity: Vec<usize>,
+}
+
+/// Replays routing traces through each eviction policy at several capacities and prints the hit rates: the
+/// measurement behind the default `--cache-policy`.
+pub fn cache_sim(a: CacheSimArgs) -> Result<()> {
+    let mut passes: Vec<Vec<(usize, usize)>> = Vec::new();
+    for path in &a.traces {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{}:{}: not a JSON line", path.display(), n + 1))?;
+            let routes = v["routes"]
+                .as_array()
+                .with_context(|| format!("{}:{}: no \"routes\" list", path.display(), n + 1))?;
+            // One pass requests each layer's union once, in layer order.
+            let mut keys: Vec<(usize, usize)> = Vec::new();
+            for r in routes {
+                let (Some(layer), Some(ids)) = (r[0].as_u64(), r[1].as_array()) else {
+                    bail!("{}:{}: a route must be [layer, [ids]]", path.display(), n + 1);
+                };
+                for id in ids {
+                    let key = (layer as usize, id.as_u64().context("expert ids must be integers")? as usize);
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+            }
+            passes.push(keys);
+        }
+    }
+    let requests: usize = passes.iter().map(Vec::len).sum();
+    println!("{} passes, {requests} expert requests", passes.len());
+    println!("{:>9} {:>8} {:>8} {:>8}", "capacity", "lru", "lfu", "blend");
+    for &cap in &a.capacity {
+        let rates: Vec<String> = ["lru", "lfu", "blend"]
+            .iter()
+            .map(|p| format!("{:>7.1}%", 100.0 * simulate(&passes, cap, p.parse().expect("known policy"))))
+            .collect();
+        println!("{cap:>9} {}", rates.join(" "));
+    }
+    Ok(())
+}
+
+fn simulate(passes: &[Vec<(usize, usize)>], capacity: usize, policy: deltafin_store::policy::Policy) -> f64 {
+    let mut state = deltafin_store::policy::State::new(policy);
+    let mut slots: Vec<(usize, usize)> = Vec::new();
+    let (mut hits, mut total) = (0usize, 0usize);
+    for pass in passes {
+        for &key in pass {
+            total += 1;
+            if slots.contains(&key) {
+                hits += 1;
+            } else if slots.len() < capacity {
+                slots.push(key);
+            } else if let Some(v) = state.victim(slots.iter().copied().enumerate()) {
+                slots[v] = key;
+            }
+            state.touch(key);
+        }
+    }
+    hits as f64 / total.max(1) as f64
 }

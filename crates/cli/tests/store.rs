@@ -29,6 +29,28 @@ fn opts(cache_bytes: u64, prefetch: bool, direct_io: bool, pack: Option<PathBuf>
     LoadOptions {
         store: StoreOptions { cache_bytes, prefetch, direct_io, ..StoreOptions::default() },
         pack,
+        memory_budget: None,
+    }
+}
+
+#[test]
+fn a_memory_budget_streams_spine_layers_with_identical_logits() {
+    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+        let t = tiny(arch, 16);
+        let m = model_dir(&t);
+        let reference = logits(&m, &opts(0, false, false, None));
+        // Just above the floor (globals + expert slab + two streamed layers): most layers must stream.
+        let err = Model::load_with(&m, &LoadOptions { memory_budget: Some(1), ..opts(0, false, false, None) })
+            .err()
+            .unwrap();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("--memory-budget") && msg.contains("too small"), "{msg}");
+        let floor: u64 = msg.split("needs at least ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        let tight = LoadOptions { memory_budget: Some(floor + 1), ..opts(0, true, false, None) };
+        let model = Model::load_with(&m, &tight).unwrap();
+        assert!(model.streamed_layers() > 0, "{arch:?}: a budget at the floor must stream layers");
+        drop(model);
+        assert!(logits(&m, &tight) == reference, "{arch:?}: streaming the spine changed the logits");
     }
 }
 
@@ -157,4 +179,19 @@ fn an_interrupted_pack_resumes_where_it_stopped() {
     assert_eq!(got[100], expected[100] ^ 0xff, "records already written were kept, not rewritten");
     assert_eq!(got[101..], expected[101..], "the rest was completed exactly");
     assert!(resumed.join("manifest.json").exists() && !resumed.join("plan.json").exists());
+}
+
+#[test]
+fn a_short_read_is_an_error_naming_layer_expert_and_file() {
+    let t = tiny(Arch::KimiK3, 17);
+    let m = model_dir(&t);
+    let dir = t.path().join("pack");
+    pack(&m, &[dir.clone()]);
+    let model = Model::load_with(&m, &opts(0, false, false, Some(dir.clone()))).unwrap();
+    // The drive loses the data after start-up (a pulled cable, a truncating process).
+    std::fs::OpenOptions::new().write(true).open(dir.join("experts-0.bin")).unwrap().set_len(0).unwrap();
+    let err = model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &Stats::default()).err().unwrap();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("expert") && msg.contains("layer") && msg.contains("experts-0.bin"), "{msg}");
+    assert!(msg.contains("short read"), "{msg}");
 }

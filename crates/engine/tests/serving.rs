@@ -148,6 +148,9 @@ fn the_cache_evicts_the_least_recently_used_entry() {
     assert!(cache.lookup(&ta).is_some() && cache.lookup(&tc).is_some());
 }
 
+/// A job's id and its result: how it finished and its tokens, or its error.
+type Report = (usize, Result<(Finished, Vec<u32>), String>);
+
 /// Records tokens into a shared log and reports the end on a channel.
 struct TestSink {
     id: usize,
@@ -155,7 +158,7 @@ struct TestSink {
     tokens: Vec<u32>,
     cancel: Arc<AtomicBool>,
     cancel_after: Option<usize>,
-    done: mpsc::Sender<(usize, Result<(Finished, Vec<u32>), String>)>,
+    done: mpsc::Sender<Report>,
 }
 
 impl Sink for TestSink {
@@ -182,8 +185,8 @@ impl Sink for TestSink {
 
 struct Harness {
     log: Arc<Mutex<Vec<usize>>>,
-    tx: mpsc::Sender<(usize, Result<(Finished, Vec<u32>), String>)>,
-    rx: mpsc::Receiver<(usize, Result<(Finished, Vec<u32>), String>)>,
+    tx: mpsc::Sender<Report>,
+    rx: mpsc::Receiver<Report>,
 }
 
 impl Harness {
@@ -209,7 +212,7 @@ impl Harness {
             }),
         }
     }
-    fn next(&self) -> (usize, Result<(Finished, Vec<u32>), String>) {
+    fn next(&self) -> Report {
         self.rx
             .recv_timeout(Duration::from_secs(60))
             .expect("a job finished within a minute")

@@ -128,6 +128,11 @@ impl Checkpoint {
         })
     }
 
+    /// Every tensor of the checkpoint, in no particular order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.tensors.values()
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -32,13 +32,6 @@ impl Attention {
         })
     }
 
-    pub fn new_state(&self) -> LayerState {
-        match self {
-            Attention::Kda(k) => LayerState::Kda(k.new_state()),
-            Attention::Mla(_) => LayerState::Mla(LatentCache::default()),
-        }
-    }
-
     pub fn forward(&self, x: &[f32], n: usize, state: &mut LayerState) -> Vec<f32> {
         match (self, state) {
             (Attention::Kda(k), LayerState::Kda(s)) => k.forward(x, n, s),
@@ -97,7 +90,25 @@ impl FeedForward {
     }
 }
 
+/// The state each layer of a fresh session starts with (zeros; an empty cache).
+pub fn initial_states(cfg: &ModelConfig) -> Vec<LayerState> {
+    (0..cfg.num_layers)
+        .map(|l| {
+            if cfg.is_mla[l] {
+                LayerState::Mla(LatentCache::default())
+            } else {
+                LayerState::Kda(KdaState::zeros(
+                    cfg.kda.heads,
+                    cfg.kda.head_dim,
+                    cfg.kda.conv_kernel,
+                ))
+            }
+        })
+        .collect()
+}
+
 /// The routed experts of a whole model: where they are read from and the shape of one record.
+#[derive(Clone)]
 pub struct ModelExperts {
     pub store: Arc<ExpertStore>,
     pub layout: Arc<ExpertLayout>,

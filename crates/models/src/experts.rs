@@ -10,16 +10,54 @@ use deltafin_formats::Dtype;
 use deltafin_kernels::{matmul, Matrix};
 use deltafin_store::{ExpertStore, Extent, RecordLoc};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-/// What the model consumed on the expert path (the store counts what the disk did).
+/// What the passes did (the store counts what the disk did): expert bytes computed with, time per layer,
+/// and — when asked for — every row's routing, the trace that cache and prefetch studies replay.
 #[derive(Default)]
 pub struct Stats {
     pub expert_bytes: AtomicU64,
     pub expert_uses: AtomicU64,
+    layer_secs: Mutex<Vec<f64>>,
+    routes: Option<Mutex<Vec<(usize, Vec<usize>)>>>,
 }
 
 impl Stats {
+    /// Stats that also record routing: (layer, expert ids) per row, drained by [`Stats::take_routes`].
+    pub fn with_routes() -> Stats {
+        Stats {
+            routes: Some(Mutex::new(Vec::new())),
+            ..Stats::default()
+        }
+    }
+
+    pub fn record_routes(&self, layer: usize, ids: impl Iterator<Item = Vec<usize>>) {
+        if let Some(r) = &self.routes {
+            r.lock().unwrap().extend(ids.map(|ids| (layer, ids)));
+        }
+    }
+
+    pub fn take_routes(&self) -> Vec<(usize, Vec<usize>)> {
+        self.routes
+            .as_ref()
+            .map(|r| std::mem::take(&mut *r.lock().unwrap()))
+            .unwrap_or_default()
+    }
+
+    pub fn add_layer_time(&self, layer: usize, since: Instant) {
+        let mut v = self.layer_secs.lock().unwrap();
+        if v.len() <= layer {
+            v.resize(layer + 1, 0.0);
+        }
+        v[layer] += since.elapsed().as_secs_f64();
+    }
+
+    /// Seconds spent in each layer so far.
+    pub fn layer_secs(&self) -> Vec<f64> {
+        self.layer_secs.lock().unwrap().clone()
+    }
+
     /// Expert bytes the passes computed with (cached or read).
     pub fn bytes(&self) -> u64 {
         self.expert_bytes.load(Ordering::Relaxed)

@@ -65,6 +65,16 @@ pub struct KdaState {
     s: Vec<f32>,
 }
 
+impl KdaState {
+    pub fn zeros(heads: usize, dim: usize, kernel: usize) -> KdaState {
+        let win = vec![0.0; heads * dim * (kernel - 1)];
+        KdaState {
+            conv: [win.clone(), win.clone(), win],
+            s: vec![0.0; heads * dim * dim],
+        }
+    }
+}
+
 impl Kda {
     pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Kda> {
         let (h, heads, dim, kernel) = (

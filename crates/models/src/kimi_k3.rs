@@ -5,6 +5,7 @@
 use crate::blocks::{Attention, FeedForward, ModelExperts};
 use crate::experts::Stats;
 use crate::ops::{inv_rms, rms_norm, softmax};
+use crate::spine::Spine;
 use crate::weights::{context_layer, Embedding, Linear, Loader};
 use crate::{LogitRows, Session};
 use anyhow::Result;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 pub struct KimiK3 {
     pub cfg: ModelConfig,
     embed: Embedding,
-    layers: Vec<Layer>,
+    layers: Spine<Layer>,
     /// Tail AttnRes score vector `output_attn_res_norm ⊙ output_attn_res_proj`.
     out_res: Vec<f32>,
     norm: Vec<f32>,
@@ -34,29 +35,47 @@ struct Layer {
     ffn: FeedForward,
 }
 
+const PREFIX: &str = "language_model.model.";
+
+impl Layer {
+    fn load(ck: &Checkpoint, cfg: &ModelConfig, l: usize, experts: &ModelExperts) -> Result<Layer> {
+        let h = cfg.hidden;
+        let ld = Loader::new(ck, format!("{PREFIX}layers.{l}."));
+        let layer = (|| {
+            Ok(Layer {
+                attn_res: ld.res_score(
+                    "self_attention_res_norm.weight",
+                    "self_attention_res_proj.weight",
+                    h,
+                )?,
+                input_norm: ld.vector("input_layernorm.weight", &[h])?,
+                attn: Attention::load(&ld, cfg, l)?,
+                mlp_res: ld.res_score("mlp_res_norm.weight", "mlp_res_proj.weight", h)?,
+                post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
+                ffn: FeedForward::load(&ld, cfg, l, experts)?,
+            })
+        })();
+        context_layer(layer, l)
+    }
+}
+
 impl KimiK3 {
-    pub fn load(ck: &Checkpoint, cfg: ModelConfig, experts: &ModelExperts) -> Result<KimiK3> {
+    /// `resident[l]`: keep layer l in memory (otherwise it is read on every pass).
+    pub fn load(
+        ck: &Arc<Checkpoint>,
+        cfg: ModelConfig,
+        experts: &ModelExperts,
+        resident: &[bool],
+    ) -> Result<KimiK3> {
         let (h, v) = (cfg.hidden, cfg.vocab_size);
-        let root = Loader::new(ck, "language_model.model.");
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for l in 0..cfg.num_layers {
-            let ld = root.sub(&format!("layers.{l}."));
-            let layer = (|| {
-                Ok(Layer {
-                    attn_res: ld.res_score(
-                        "self_attention_res_norm.weight",
-                        "self_attention_res_proj.weight",
-                        h,
-                    )?,
-                    input_norm: ld.vector("input_layernorm.weight", &[h])?,
-                    attn: Attention::load(&ld, &cfg, l)?,
-                    mlp_res: ld.res_score("mlp_res_norm.weight", "mlp_res_proj.weight", h)?,
-                    post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
-                    ffn: FeedForward::load(&ld, &cfg, l, experts)?,
-                })
-            })();
-            layers.push(context_layer(layer, l)?);
-        }
+        let root = Loader::new(ck, PREFIX);
+        let layers = {
+            let (ck, cfg, experts) = (ck.clone(), cfg.clone(), experts.clone());
+            Spine::new(
+                resident,
+                Arc::new(move |l| Layer::load(&ck, &cfg, l, &experts)),
+            )?
+        };
         Ok(KimiK3 {
             embed: Embedding {
                 table: root.linear("embed_tokens.weight", v, h)?,
@@ -74,8 +93,8 @@ impl KimiK3 {
         })
     }
 
-    pub fn layer_states(&self) -> Vec<crate::blocks::LayerState> {
-        self.layers.iter().map(|l| l.attn.new_state()).collect()
+    pub fn streamed_layers(&self) -> usize {
+        self.layers.streamed()
     }
 
     pub fn forward(
@@ -96,7 +115,8 @@ impl KimiK3 {
         // Embedding: h = E[token]; the partial sum h and the block anchors are per position.
         let mut h = self.embed.lookup(tokens)?;
         let mut anchors: Vec<Vec<f32>> = Vec::new();
-        for (l, layer) in self.layers.iter().enumerate() {
+        self.layers.walk(|l, layer, next| {
+            let t_layer = std::time::Instant::now();
             // 1. a = Mix([anchors…, h], w_attn), or h itself before the first anchor.
             let mut a = if anchors.is_empty() {
                 h.clone()
@@ -105,10 +125,10 @@ impl KimiK3 {
             };
             // 2. a block boundary makes h an anchor and restarts the partial sum.
             let prefix = if l % block == 0 {
-                anchors.push(h);
+                anchors.push(std::mem::take(&mut h));
                 None
             } else {
-                Some(h)
+                Some(std::mem::take(&mut h))
             };
             // 3. o = Attn(RMS(a, input_layernorm)).
             norm_rows(&mut a, &layer.input_norm);
@@ -124,12 +144,13 @@ impl KimiK3 {
             // 5. y = MLP(RMS(Mix([anchors…, q], w_mlp), post_attention_layernorm)).
             let mut m = mix(&anchors, &q, &layer.mlp_res, hd, eps);
             norm_rows(&mut m, &layer.post_norm);
-            let next = self.layers.get(l + 1).map(|next| &next.ffn);
-            let y = context_layer(layer.ffn.forward(&m, n, stats, next), l)?;
+            let y = context_layer(layer.ffn.forward(&m, n, stats, next.map(|x| &x.ffn)), l)?;
             // 6. next h = q + y.
             h = q;
             h.iter_mut().zip(&y).for_each(|(h, y)| *h += y);
-        }
+            stats.add_layer_time(l, t_layer);
+            Ok(())
+        })?;
         // Tail: logits = lm_head · RMS(Mix([anchors…, h], w_out), norm).
         let mut f = mix(&anchors, &h, &self.out_res, hd, eps);
         let f = rows.select(&mut f, hd);

@@ -4,6 +4,7 @@
 use crate::blocks::{Attention, FeedForward, ModelExperts};
 use crate::experts::Stats;
 use crate::ops::rms_norm;
+use crate::spine::Spine;
 use crate::weights::{context_layer, Embedding, Linear, Loader};
 use crate::{LogitRows, Session};
 use anyhow::Result;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 pub struct KimiLinear {
     pub cfg: ModelConfig,
     embed: Embedding,
-    layers: Vec<Layer>,
+    layers: Spine<Layer>,
     norm: Vec<f32>,
     lm_head: Linear,
     pub experts: Arc<ExpertStore>,
@@ -28,23 +29,41 @@ struct Layer {
     ffn: FeedForward,
 }
 
+const PREFIX: &str = "model.";
+
+impl Layer {
+    fn load(ck: &Checkpoint, cfg: &ModelConfig, l: usize, experts: &ModelExperts) -> Result<Layer> {
+        let h = cfg.hidden;
+        let ld = Loader::new(ck, format!("{PREFIX}layers.{l}."));
+        let layer = (|| {
+            Ok(Layer {
+                input_norm: ld.vector("input_layernorm.weight", &[h])?,
+                attn: Attention::load(&ld, cfg, l)?,
+                post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
+                ffn: FeedForward::load(&ld, cfg, l, experts)?,
+            })
+        })();
+        context_layer(layer, l)
+    }
+}
+
 impl KimiLinear {
-    pub fn load(ck: &Checkpoint, cfg: ModelConfig, experts: &ModelExperts) -> Result<KimiLinear> {
+    /// `resident[l]`: keep layer l in memory (otherwise it is read on every pass).
+    pub fn load(
+        ck: &Arc<Checkpoint>,
+        cfg: ModelConfig,
+        experts: &ModelExperts,
+        resident: &[bool],
+    ) -> Result<KimiLinear> {
         let (h, v) = (cfg.hidden, cfg.vocab_size);
-        let root = Loader::new(ck, "model.");
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for l in 0..cfg.num_layers {
-            let ld = root.sub(&format!("layers.{l}."));
-            let layer = (|| {
-                Ok(Layer {
-                    input_norm: ld.vector("input_layernorm.weight", &[h])?,
-                    attn: Attention::load(&ld, &cfg, l)?,
-                    post_norm: ld.vector("post_attention_layernorm.weight", &[h])?,
-                    ffn: FeedForward::load(&ld, &cfg, l, experts)?,
-                })
-            })();
-            layers.push(context_layer(layer, l)?);
-        }
+        let root = Loader::new(ck, PREFIX);
+        let layers = {
+            let (ck, cfg, experts) = (ck.clone(), cfg.clone(), experts.clone());
+            Spine::new(
+                resident,
+                Arc::new(move |l| Layer::load(&ck, &cfg, l, &experts)),
+            )?
+        };
         Ok(KimiLinear {
             embed: Embedding {
                 table: root.linear("embed_tokens.weight", v, h)?,
@@ -57,8 +76,8 @@ impl KimiLinear {
         })
     }
 
-    pub fn layer_states(&self) -> Vec<crate::blocks::LayerState> {
-        self.layers.iter().map(|l| l.attn.new_state()).collect()
+    pub fn streamed_layers(&self) -> usize {
+        self.layers.streamed()
     }
 
     pub fn forward(
@@ -75,7 +94,8 @@ impl KimiLinear {
             y
         };
         let mut h = self.embed.lookup(tokens)?;
-        for (l, layer) in self.layers.iter().enumerate() {
+        self.layers.walk(|l, layer, next| {
+            let t_layer = std::time::Instant::now();
             // h += Attn(RMS(h)); h += MLP(RMS(h)).
             let o = layer
                 .attn
@@ -86,12 +106,14 @@ impl KimiLinear {
                     &normed(&h, &layer.post_norm),
                     n,
                     stats,
-                    self.layers.get(l + 1).map(|x| &x.ffn),
+                    next.map(|x| &x.ffn),
                 ),
                 l,
             )?;
             h.iter_mut().zip(&y).for_each(|(h, y)| *h += y);
-        }
+            stats.add_layer_time(l, t_layer);
+            Ok(())
+        })?;
         let f = rows.select(&mut h, hd);
         f.chunks_mut(hd).for_each(|r| rms_norm(r, &self.norm, eps));
         session.pos += n;

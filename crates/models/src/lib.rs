@@ -9,6 +9,7 @@ pub mod kimi_linear;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+pub mod spine;
 pub mod weights;
 
 use anyhow::{bail, Result};
@@ -58,6 +59,9 @@ pub enum Model {
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     pub store: StoreOptions,
+    /// Bytes the whole process may use for weights: spine layers that do not fit (after the embeddings,
+    /// lm_head and the expert cache) are read from disk on every pass instead of staying resident.
+    pub memory_budget: Option<u64>,
     /// Read routed experts from this pack (any of its stripe directories) instead of the checkpoint's shards.
     pub pack: Option<PathBuf>,
 }
@@ -70,12 +74,13 @@ impl Model {
 
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Model> {
         let cfg = ModelConfig::from_dir(dir)?;
-        let ck = Checkpoint::open(dir)?;
+        let ck = Arc::new(Checkpoint::open(dir)?);
         let experts = open_experts(dir, &ck, &cfg, opts)?;
+        let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
         Ok(match cfg.family {
-            Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts)?),
+            Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts, &resident)?),
             Family::KimiLinear => {
-                Model::KimiLinear(kimi_linear::KimiLinear::load(&ck, cfg, &experts)?)
+                Model::KimiLinear(kimi_linear::KimiLinear::load(&ck, cfg, &experts, &resident)?)
             }
         })
     }
@@ -96,11 +101,18 @@ impl Model {
     }
 
     pub fn new_session(&self) -> Session {
-        let layers = match self {
-            Model::KimiK3(m) => m.layer_states(),
-            Model::KimiLinear(m) => m.layer_states(),
-        };
-        Session { layers, pos: 0 }
+        Session {
+            layers: blocks::initial_states(self.config()),
+            pos: 0,
+        }
+    }
+
+    /// Spine layers read from disk on every pass (0 when the whole spine is resident).
+    pub fn streamed_layers(&self) -> usize {
+        match self {
+            Model::KimiK3(m) => m.streamed_layers(),
+            Model::KimiLinear(m) => m.streamed_layers(),
+        }
     }
 
     /// Runs `tokens` after the session's history (prefill, one decode step, or anything between: the same
@@ -139,6 +151,17 @@ pub fn model_identity(dir: &Path) -> Result<String> {
     Ok(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)))
 }
 
+/// Bytes of the spine one decode step reads: every non-expert tensor except the embedding table, of which a
+/// step reads one row.
+pub fn spine_bytes(dir: &Path) -> Result<u64> {
+    let ck = Checkpoint::open(dir)?;
+    Ok(ck
+        .tensors()
+        .filter(|t| !t.name.contains(".experts.") && !t.name.ends_with("embed_tokens.weight"))
+        .map(|t| t.nbytes)
+        .sum())
+}
+
 /// Where the routed experts of a checkpoint are, and the record layout: for `deltafin pack`.
 pub fn expert_sources(
     dir: &Path,
@@ -152,6 +175,48 @@ pub fn expert_sources(
         layers,
         layout.record_len(),
     ))
+}
+
+/// Which spine layers stay resident under the memory budget (all of them without one).
+fn plan_spine(
+    ck: &Checkpoint,
+    cfg: &ModelConfig,
+    opts: &LoadOptions,
+    store: &ExpertStore,
+) -> Result<Vec<bool>> {
+    let Some(budget) = opts.memory_budget else {
+        return Ok(vec![true; cfg.num_layers]);
+    };
+    let prefix = layer_prefix(cfg.family);
+    let mut layer_bytes = vec![0u64; cfg.num_layers];
+    let mut global = 0u64;
+    for info in ck.tensors() {
+        if info.name.contains(".experts.")
+            || !(info.name.starts_with(prefix) || info.name.contains("lm_head"))
+        {
+            continue;
+        }
+        let layer = info
+            .name
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix("layers."))
+            .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+        match layer {
+            Some(l) if l < cfg.num_layers => layer_bytes[l] += info.nbytes,
+            _ => global += info.nbytes,
+        }
+    }
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0);
+    // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
+    let floor = global + store.slab_bytes() + 2 * largest;
+    if budget < floor {
+        bail!(
+            "--memory-budget {budget} bytes is too small for this model: it needs at least {floor} (embeddings and lm_head {global}, expert cache and working set {}, two streamed layers {}); raise it or lower --expert-cache",
+            store.slab_bytes(),
+            2 * largest
+        );
+    }
+    Ok(spine::plan_resident(&layer_bytes, budget - floor))
 }
 
 fn open_experts(

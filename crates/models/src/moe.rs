@@ -142,6 +142,7 @@ impl Moe {
         next: Option<&Moe>,
     ) -> Result<Vec<f32>> {
         let routes = self.router.route(x, n);
+        stats.record_routes(self.experts.layer, routes.iter().map(|r| r.ids.clone()));
         let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();

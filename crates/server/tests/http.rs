@@ -335,7 +335,7 @@ fn seeds_logprobs_and_stop_strings() {
     let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
     let lp = &plain["choices"][0]["logprobs"];
     let n = lp["tokens"].as_array().unwrap().len();
-    assert!(n >= 1 && n <= 24);
+    assert!((1..=24).contains(&n));
     assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), n);
     let first_lp = lp["token_logprobs"][0].as_f64().unwrap();
     let best = lp["top_logprobs"][0]

@@ -49,9 +49,15 @@ impl AlignedBuf {
             )
         };
         if ptr == libc::MAP_FAILED {
-            panic!("cannot map {len} bytes for the expert cache: {}", std::io::Error::last_os_error());
+            panic!(
+                "cannot map {len} bytes for the expert cache: {}",
+                std::io::Error::last_os_error()
+            );
         }
-        AlignedBuf { ptr: ptr as *mut u8, len }
+        AlignedBuf {
+            ptr: ptr as *mut u8,
+            len,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -161,8 +167,7 @@ fn fill(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     Ok(got)
 }
 
-impl DataFile {
-}
+impl DataFile {}
 
 /// A unit of work: read `len` bytes of `file` at `offset` into `dst`, then count down `done`.
 pub struct ReadOp {
@@ -397,14 +402,18 @@ fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
         };
         // SAFETY: the slab keeps `dst..dst+len` alive and untouched by anyone else until `done` completes.
         let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
-        let err = op.file.read_at_least(buf, op.offset, op.need).err().map(|e| {
-            format!(
-                "{}: {} bytes at offset {}: {e}",
-                op.file.path.display(),
-                op.len,
-                op.offset
-            )
-        });
+        let err = op
+            .file
+            .read_at_least(buf, op.offset, op.need)
+            .err()
+            .map(|e| {
+                format!(
+                    "{}: {} bytes at offset {}: {e}",
+                    op.file.path.display(),
+                    op.len,
+                    op.offset
+                )
+            });
         counters.reads.fetch_add(1, Ordering::Relaxed);
         let bytes = if demand {
             &counters.demand_bytes

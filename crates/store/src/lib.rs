@@ -208,7 +208,8 @@ impl ExpertStore {
         let working = opts.working_slots.max(2);
         // No point in slots beyond every record the model has.
         let records: usize = layers.iter().map(Vec::len).sum();
-        let cached = ((opts.cache_bytes / slot_len as u64) as usize).min(records.saturating_sub(working));
+        let cached =
+            ((opts.cache_bytes / slot_len as u64) as usize).min(records.saturating_sub(working));
         let n_slots = working + cached;
         let slab = AlignedBuf::new(n_slots * slot_len);
         let slots = (0..n_slots)
@@ -245,6 +246,11 @@ impl ExpertStore {
 
     pub fn record_len(&self) -> usize {
         self.record_len
+    }
+
+    /// Memory of the record slab (cache plus working set).
+    pub fn slab_bytes(&self) -> u64 {
+        self.slab.len() as u64
     }
 
     pub fn slots(&self) -> usize {

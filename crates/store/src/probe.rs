@@ -119,3 +119,55 @@ pub fn probe(
         workers,
     })
 }
+
+/// The same measurement through io_uring: one thread keeps `depth` reads in flight in a submission ring.
+/// Kept beside the thread pool so `disk-probe --engine uring` can compare the two on each machine.
+pub fn probe_uring(path: &Path, bytes: u64, record: usize, chunk: usize, depth: usize, direct: bool) -> Result<ProbeResult> {
+    use io_uring::{opcode, types, IoUring};
+    let file = DataFile::open(path, direct, 0)?;
+    let len = std::fs::metadata(path)?.len();
+    let records = (bytes.min(len) / record as u64).max(1);
+    // Every read, in the same scattered order as `probe`.
+    let mut reads: Vec<(u64, usize)> = Vec::new();
+    for i in 0..records {
+        let r = (i * 7919) % records;
+        let mut at = 0;
+        while at < record {
+            let n = chunk.min(record - at);
+            reads.push((r * record as u64 + at as u64, n));
+            at += n;
+        }
+    }
+    let depth = depth.max(1);
+    let mut ring = IoUring::new(depth as u32 * 2).context("io_uring is not available on this kernel")?;
+    let bufs = AlignedBuf::new(depth * chunk);
+    let fd = types::Fd(file.file.as_raw_fd());
+    let mut free: Vec<usize> = (0..depth).collect();
+    let (mut next, mut done, mut total) = (0usize, 0usize, 0u64);
+    let t0 = Instant::now();
+    while done < reads.len() {
+        while next < reads.len() {
+            let Some(slot) = free.pop() else { break };
+            let (offset, n) = reads[next];
+            let entry = opcode::Read::new(fd, bufs.as_ptr().wrapping_add(slot * chunk), n as u32)
+                .offset(offset)
+                .build()
+                .user_data((slot as u64) << 32);
+            // SAFETY: the buffer slot stays valid and unused until its completion is reaped.
+            unsafe { ring.submission().push(&entry) }.map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+            next += 1;
+        }
+        ring.submit_and_wait(1)?;
+        for cqe in ring.completion() {
+            let slot = (cqe.user_data() >> 32) as usize;
+            if cqe.result() < 0 {
+                anyhow::bail!("io_uring read failed: {}", std::io::Error::from_raw_os_error(-cqe.result()));
+            }
+            // A short read (end of file) counts what arrived; the probe only measures bandwidth.
+            total += cqe.result() as u64;
+            free.push(slot);
+            done += 1;
+        }
+    }
+    Ok(ProbeResult { path: path.to_path_buf(), mode: file.mode, bytes: total, secs: t0.elapsed().as_secs_f64(), workers: depth })
+}

@@ -362,7 +362,10 @@ impl<'a> Iterator for Pieces<'a> {
 /// (see the module docs). Time is linear in the input length.
 pub fn pretokenize_bytes(bytes: &[u8]) -> Pieces<'_> {
     Pieces {
-        scanner: Scanner { b: bytes, t: table() },
+        scanner: Scanner {
+            b: bytes,
+            t: table(),
+        },
         pos: 0,
     }
 }

@@ -54,7 +54,8 @@ pub const K3_RESPONSE_CLOSE: &str = "<|close|>response<|sep|>";
 pub const K3_TOOL_CALL_OPEN: &str = "<|open|>tool_call";
 pub const K3_TOOL_CALL_CLOSE: &str = "<|close|>tool_call<|sep|>";
 /// What the prompt ends with when the model is to answer: an assistant message with an open think block.
-pub const K3_GENERATION_PROMPT: &str = "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+pub const K3_GENERATION_PROMPT: &str =
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
 /// Our choice: the `name` attribute of the thinking-effort system message.
 pub const K3_EFFORT_NAME: &str = "thinking_effort";
 

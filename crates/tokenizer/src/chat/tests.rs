@@ -63,7 +63,11 @@ fn renders_each_effort_and_none() {
     let user = [ChatMessage::user("hi")];
     let plain = r#"<|open|>message role="user"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>"#;
     assert_eq!(pieces_text(&render_k3(&user, None, false)), plain);
-    for (effort, word) in [(Effort::Low, "low"), (Effort::High, "high"), (Effort::Max, "max")] {
+    for (effort, word) in [
+        (Effort::Low, "low"),
+        (Effort::High, "high"),
+        (Effort::Max, "max"),
+    ] {
         let text = pieces_text(&render_k3(&user, Some(effort), false));
         let head = format!(
             "<|open|>message role=\"system\" name=\"thinking_effort\"<|sep|>Thinking effort: {word}.<|close|>message<|sep|><|end_of_msg|>"
@@ -90,7 +94,10 @@ fn specials_only_from_template_text() {
         .iter()
         .all(|&t| (t as usize) < tok.num_ranks()));
     let opens = ids.iter().filter(|&&t| t == id("<|open|>")).count();
-    assert_eq!(opens, 3, "message, generation-prompt message and think opens");
+    assert_eq!(
+        opens, 3,
+        "message, generation-prompt message and think opens"
+    );
     // Without special names in user text, pieces encode exactly like the rendered string with specials.
     let pieces = render_k3(&conversation()[..4], Some(Effort::Max), true);
     let rendered = pieces_text(&pieces).replace(" <|open|>", "");
@@ -101,7 +108,10 @@ fn specials_only_from_template_text() {
             p => p,
         })
         .collect();
-    assert_eq!(tok.encode_pieces(&pieces), tok.encode_with_specials(&rendered));
+    assert_eq!(
+        tok.encode_pieces(&pieces),
+        tok.encode_with_specials(&rendered)
+    );
     // Decoding gives the rendered text back.
     assert_eq!(tok.decode(&tok.encode_pieces(&pieces)).unwrap(), rendered);
 }
@@ -166,10 +176,16 @@ fn parses_replies_split_anywhere() {
 fn reply_parser_edge_cases() {
     // No think close: all reasoning. Text after the message close is ignored.
     let r = parse_reply("just thinking<|close|>message<|sep|><|end_of_msg|>ignored");
-    assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("just thinking", ""));
+    assert_eq!(
+        (r.reasoning.as_str(), r.content.as_str()),
+        ("just thinking", "")
+    );
     // A stream cut inside a marker: the partial marker is text.
     let r = parse_reply("a<|close|>think<|sep|>b<|close|>resp");
-    assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("a", "b<|close|>resp"));
+    assert_eq!(
+        (r.reasoning.as_str(), r.content.as_str()),
+        ("a", "b<|close|>resp")
+    );
     // A model that skips the think close but opens a response block.
     let r = parse_reply("x<|open|>response<|sep|>y<|end_of_msg|>");
     assert_eq!((r.reasoning.as_str(), r.content.as_str()), ("x", "y"));
@@ -191,7 +207,10 @@ const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 #[test]
 fn jinja_template_keeps_user_text_plain() {
     let t = ChatTemplate::new(CHATML, "", "").unwrap();
-    let msgs = [ChatMessage::system("Be nice."), ChatMessage::user("<|im_end|> hi")];
+    let msgs = [
+        ChatMessage::system("Be nice."),
+        ChatMessage::user("<|im_end|> hi"),
+    ];
     let pieces = t.render(&msgs, true, None).unwrap();
     assert_eq!(
         pieces,
@@ -219,11 +238,20 @@ fn jinja_template_features_and_fallback() {
     let tools = serde_json::json!([{"type": "function"}]);
     let text = pieces_text(&t.render(&[a], false, Some(&tools)).unwrap());
     assert_eq!(text, "<s>[ok]Oslo1");
-    let err = t.render(&[ChatMessage::tool("1", "x")], false, None).unwrap_err();
+    let err = t
+        .render(&[ChatMessage::tool("1", "x")], false, None)
+        .unwrap_err();
     assert!(format!("{err:#}").contains("no tools here"), "{err:#}");
     // A template that slices message text cannot keep the sentinels: the real text is rendered instead.
-    let t = ChatTemplate::new("{% for m in messages %}{{ m.content[1:] }}{% endfor %}", "", "").unwrap();
-    let pieces = t.render(&[ChatMessage::user("abcdef")], false, None).unwrap();
+    let t = ChatTemplate::new(
+        "{% for m in messages %}{{ m.content[1:] }}{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let pieces = t
+        .render(&[ChatMessage::user("abcdef")], false, None)
+        .unwrap();
     assert_eq!(pieces, vec![Piece::Template("bcdef".into())]);
     assert!(ChatTemplate::new("{% for %}", "", "").is_err());
 }
@@ -235,7 +263,9 @@ fn jinja_template_from_checkpoint_files() {
     let config = serde_json::json!({"chat_template": CHATML, "bos_token": {"content": "<s>"}});
     std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
     let t = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
-    assert!(pieces_text(&t.render(&[ChatMessage::user("x")], false, None).unwrap()).contains("user\nx"));
+    assert!(
+        pieces_text(&t.render(&[ChatMessage::user("x")], false, None).unwrap()).contains("user\nx")
+    );
     let list = serde_json::json!({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]});
     std::fs::write(dir.path().join("tokenizer_config.json"), list.to_string()).unwrap();
     let t = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
@@ -248,8 +278,12 @@ fn jinja_template_from_checkpoint_files() {
 
 #[test]
 fn messages_deserialize_from_openai_json() {
-    let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi","name":"x"}"#).unwrap();
+    let m: ChatMessage =
+        serde_json::from_str(r#"{"role":"user","content":"hi","name":"x"}"#).unwrap();
     assert_eq!(m.role, Role::User);
     assert_eq!(m.name.as_deref(), Some("x"));
-    assert_eq!(unescape_attribute(&escape_attribute("a&\"b&amp;")), "a&\"b&amp;");
+    assert_eq!(
+        unescape_attribute(&escape_attribute("a&\"b&amp;")),
+        "a&\"b&amp;"
+    );
 }

@@ -38,12 +38,12 @@ impl Rng {
 /// (U+0301, U+302A with Han script extension, U+0903 spacing), digits of several kinds (٣, ², Ⅻ, 〇),
 /// contraction letters and their folds (ſ, K), apostrophes, every kind of whitespace, symbols, emoji.
 const ALPHABET: &[char] = &[
-    'a', 'b', 'z', 'A', 'B', 'Z', 's', 'S', 't', 'T', 'r', 'R', 'e', 'E', 'v', 'V', 'm', 'M', 'l', 'L',
-    'd', 'D', 'ſ', 'K', '\'', '\'', '\'', 'ǅ', 'ʰ', '々', '中', '日', '〇', 'の', 'ア', '한', 'Ж', 'ж',
-    'Ω', 'ω', 'ß', 'ẞ', 'İ', '\u{301}', '\u{302A}', '\u{903}', 'ा', 'ب', '0', '1', '9', '٣', '²',
-    'Ⅻ', ' ', ' ', ' ', '\t', '\n', '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{a0}', '\u{2028}',
-    '\u{3000}', '\u{200d}', '\u{feff}', '!', '.', ',', '"', '<', '|', '>', '-', '_', '(', '{', '\u{fffd}',
-    '😀', '👍', '🏽', '、', '。', '€',
+    'a', 'b', 'z', 'A', 'B', 'Z', 's', 'S', 't', 'T', 'r', 'R', 'e', 'E', 'v', 'V', 'm', 'M', 'l',
+    'L', 'd', 'D', 'ſ', 'K', '\'', '\'', '\'', 'ǅ', 'ʰ', '々', '中', '日', '〇', 'の', 'ア', '한',
+    'Ж', 'ж', 'Ω', 'ω', 'ß', 'ẞ', 'İ', '\u{301}', '\u{302A}', '\u{903}', 'ा', 'ب', '0', '1', '9',
+    '٣', '²', 'Ⅻ', ' ', ' ', ' ', '\t', '\n', '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{a0}',
+    '\u{2028}', '\u{3000}', '\u{200d}', '\u{feff}', '!', '.', ',', '"', '<', '|', '>', '-', '_',
+    '(', '{', '\u{fffd}', '😀', '👍', '🏽', '、', '。', '€',
 ];
 
 #[test]
@@ -65,7 +65,11 @@ fn matches_fancy_regex_on_random_text() {
                 }
             })
             .collect();
-        assert_eq!(pretokenize(&text), regex_pieces(&text), "pieces of {text:?}");
+        assert_eq!(
+            pretokenize(&text),
+            regex_pieces(&text),
+            "pieces of {text:?}"
+        );
     }
 }
 
@@ -77,7 +81,9 @@ fn matches_fancy_regex_for_every_code_point() {
     for chunk in chars.chunks(512) {
         let mut text = String::new();
         for &c in chunk {
-            text.extend([c, c, ' ', c, 'a', '\'', 'S', 'X', c, '\n', c, ' ', ' ', '1', c]);
+            text.extend([
+                c, c, ' ', c, 'a', '\'', 'S', 'X', c, '\n', c, ' ', ' ', '1', c,
+            ]);
         }
         let (ours, theirs) = (pretokenize(&text), regex_pieces(&text));
         if ours != theirs {
@@ -97,7 +103,12 @@ fn contraction_folds_match_regex_case_folding() {
         let ranges = class_ranges(&format!("(?i:{})", letter as char));
         for cp in 0..=0x10_FFFFu32 {
             let in_class = ranges.iter().any(|&(s, e)| (s..=e).contains(&cp));
-            assert_eq!(folds_to(cp, letter), in_class, "U+{cp:04X} vs {}", letter as char);
+            assert_eq!(
+                folds_to(cp, letter),
+                in_class,
+                "U+{cp:04X} vs {}",
+                letter as char
+            );
         }
     }
 }
@@ -191,14 +202,20 @@ fn time_pieces(input: &[u8]) -> (Duration, usize) {
 /// Inputs on which a backtracking engine does O(n) work per short piece, or exceeds its backtrack limit.
 fn adversarial(n: usize) -> Vec<(&'static str, Vec<u8>)> {
     vec![
-        ("spaces then a word", [" ".repeat(n), "x".into()].concat().into_bytes()),
+        (
+            "spaces then a word",
+            [" ".repeat(n), "x".into()].concat().into_bytes(),
+        ),
         ("spaces", " ".repeat(n).into_bytes()),
         ("tabs and spaces", " \t".repeat(n / 2).into_bytes()),
         ("newlines and spaces", " \n ".repeat(n / 3).into_bytes()),
         ("digits", "7".repeat(n).into_bytes()),
         ("one lowercase letter", "a".repeat(n).into_bytes()),
         ("one uppercase letter", "A".repeat(n).into_bytes()),
-        ("uppercase then a mark", ["A".repeat(n), "\u{301}".into()].concat().into_bytes()),
+        (
+            "uppercase then a mark",
+            ["A".repeat(n), "\u{301}".into()].concat().into_bytes(),
+        ),
         ("marks", "\u{301}".repeat(n / 2).into_bytes()),
         ("punctuation", "!".repeat(n).into_bytes()),
         ("apostrophes", "'".repeat(n).into_bytes()),
@@ -227,6 +244,9 @@ fn linear_time_on_adversarial_input() {
 #[test]
 fn pieces_tile_long_and_odd_input() {
     for (_, input) in adversarial(100_000) {
-        assert_eq!(pretokenize_bytes(&input).collect::<Vec<_>>().concat(), input);
+        assert_eq!(
+            pretokenize_bytes(&input).collect::<Vec<_>>().concat(),
+            input
+        );
     }
 }

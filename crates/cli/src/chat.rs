@@ -1,0 +1,346 @@
+//! `deltafin chat`: an interactive conversation, plus the chat prompt and reply printing that `run --chat`
+//! shares.
+
+use crate::progress;
+use crate::store_args::StoreArgs;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use deltafin_engine::{generate_in, FinishReason, Flow, Request, SamplingParams};
+use deltafin_formats::config::Family;
+use deltafin_models::{Model, Session, Stats};
+use deltafin_tokenizer::chat::{
+    render_k3, ChatMessage, ChatTemplate, Effort, ReplyEvent, ReplyParser, K3_END_OF_MSG,
+};
+use deltafin_tokenizer::{StreamDecoder, Tokenizer};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// Hugging Face checkpoint directory (config.json, safetensors shards, tokenizer files).
+    #[arg(long)]
+    model: std::path::PathBuf,
+    /// A system message that opens the conversation (default: none).
+    #[arg(long)]
+    system: Option<String>,
+    /// Thinking effort announced to K3 in a system message: low, high or max (default: none, the
+    /// model's own default).
+    #[arg(long)]
+    effort: Option<Effort>,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 1024)]
+    max_new: usize,
+    /// Sampling temperature; 0 picks the most likely token every time.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: sample among the most likely tokens whose probabilities sum to this.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampler: the same seed and conversation give the same replies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Do not print the model's reasoning (default: printed before the answer, dimmed on a terminal).
+    #[arg(long)]
+    hide_reasoning: bool,
+    /// Print the [stats] line (time, tokens, expert reads) to stderr after each reply.
+    #[arg(long)]
+    stats: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+/// How a checkpoint's conversations become prompts.
+pub enum ChatFormat {
+    /// K3's XTML, rendered by deltafin itself.
+    K3,
+    /// The checkpoint's own Jinja template.
+    Template(ChatTemplate),
+}
+
+impl ChatFormat {
+    pub fn for_checkpoint(dir: &Path, family: Family) -> Result<ChatFormat> {
+        if family == Family::KimiK3 {
+            return Ok(ChatFormat::K3);
+        }
+        match ChatTemplate::from_dir(dir)? {
+            Some(t) => Ok(ChatFormat::Template(t)),
+            None => bail!(
+                "{} has no chat template (chat_template.jinja or chat_template in tokenizer_config.json). Add one, or use `deltafin run` without --chat for plain completion.",
+                dir.display()
+            ),
+        }
+    }
+
+    /// Prompt ids for `messages` followed by the assistant's turn.
+    pub fn prompt(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        effort: Option<Effort>,
+    ) -> Result<Vec<u32>> {
+        let pieces = match self {
+            ChatFormat::K3 => render_k3(messages, effort, true),
+            ChatFormat::Template(t) => t.render(messages, true, None)?,
+        };
+        Ok(tok.encode_pieces(&pieces))
+    }
+
+    /// A parser for the reply: K3 replies start inside a think block; others are all content.
+    pub fn reply_parser(&self) -> ReplyParser {
+        match self {
+            ChatFormat::K3 => ReplyParser::new(),
+            ChatFormat::Template(_) => ReplyParser::starting_in_content(),
+        }
+    }
+
+    /// Ids that end the assistant's turn.
+    pub fn stop_ids(&self, tok: &Tokenizer, model_eos: Option<u32>) -> Vec<u32> {
+        let mut ids: Vec<u32> = model_eos.into_iter().chain(tok.eos_id()).collect();
+        if let ChatFormat::K3 = self {
+            ids.extend(tok.special_id(K3_END_OF_MSG));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+/// Prints reasoning and content as reply events arrive. On a terminal reasoning is dimmed; otherwise it
+/// is marked `[thinking]` and the answer `[answer]`, so piped output stays readable and parseable.
+pub struct ReplyPrinter {
+    tty: bool,
+    show_reasoning: bool,
+    section: Option<Section>,
+    pub reply: ChatMessage,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Reasoning,
+    Content,
+}
+
+impl ReplyPrinter {
+    pub fn new(show_reasoning: bool) -> Self {
+        ReplyPrinter {
+            tty: std::io::stdout().is_terminal(),
+            show_reasoning,
+            section: None,
+            reply: ChatMessage::assistant(""),
+        }
+    }
+
+    fn enter(&mut self, out: &mut impl Write, section: Section) -> std::io::Result<()> {
+        if self.section == Some(section) {
+            return Ok(());
+        }
+        let previous = self.section.replace(section);
+        match (self.tty, section) {
+            (true, Section::Reasoning) => write!(out, "\x1b[2m"),
+            (true, Section::Content) if previous == Some(Section::Reasoning) => {
+                write!(out, "\x1b[0m\n\n")
+            }
+            (true, Section::Content) => Ok(()),
+            (false, Section::Reasoning) => write!(out, "[thinking] "),
+            (false, Section::Content) if previous.is_some() => write!(out, "\n[answer] "),
+            (false, Section::Content) => write!(out, "[answer] "),
+        }
+    }
+
+    pub fn print(&mut self, out: &mut impl Write, events: Vec<ReplyEvent>) -> std::io::Result<()> {
+        for event in events {
+            match event {
+                ReplyEvent::Reasoning(t) => {
+                    self.reply
+                        .reasoning
+                        .get_or_insert_with(String::new)
+                        .push_str(&t);
+                    if self.show_reasoning {
+                        self.enter(out, Section::Reasoning)?;
+                        out.write_all(t.as_bytes())?;
+                    }
+                }
+                ReplyEvent::Content(t) => {
+                    self.reply.content.push_str(&t);
+                    self.enter(out, Section::Content)?;
+                    out.write_all(t.as_bytes())?;
+                }
+                ReplyEvent::ToolCall(call) => {
+                    self.enter(out, Section::Content)?;
+                    write!(
+                        out,
+                        "\n[tool call {} id={}] {}",
+                        call.name, call.id, call.arguments
+                    )?;
+                    self.reply.tool_calls.push(call);
+                }
+            }
+        }
+        out.flush()
+    }
+
+    /// Ends the reply's output with a newline (and resets the terminal's colour).
+    pub fn end(&mut self, out: &mut impl Write) -> std::io::Result<()> {
+        if self.tty && self.section == Some(Section::Reasoning) {
+            write!(out, "\x1b[0m")?;
+        }
+        writeln!(out)?;
+        out.flush()
+    }
+}
+
+/// Set by Ctrl-C while a reply is being generated: the token callback stops at the next token.
+static STOP_REPLY: AtomicBool = AtomicBool::new(false);
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
+/// Ctrl-C stops the reply being generated; at the prompt it ends the program (exit status 130).
+fn install_ctrl_c() -> Result<()> {
+    ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) {
+            STOP_REPLY.store(true, Ordering::SeqCst);
+        } else {
+            eprintln!();
+            std::process::exit(130);
+        }
+    })
+    .context("cannot install the Ctrl-C handler")
+}
+
+const HELP: &str =
+    "Type a message and press Enter. /reset starts a new conversation, /exit (or Ctrl-D) quits; Ctrl-C stops a reply.";
+
+pub fn chat(a: ChatArgs) -> Result<()> {
+    let t_load = Instant::now();
+    let model = progress::while_busy("loading the model", || {
+        Model::load_with(&a.model, &a.store.load_options()?)
+    })?;
+    let tok = load_tokenizer(&a.model)?;
+    let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;
+    let load_secs = t_load.elapsed().as_secs_f64();
+    let stop_ids = format.stop_ids(&tok, model.config().eos_token_id);
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        ..SamplingParams::default()
+    };
+    install_ctrl_c()?;
+
+    let fresh_history =
+        || -> Vec<ChatMessage> { a.system.iter().map(ChatMessage::system).collect() };
+    let mut history = fresh_history();
+    // The session holds exactly `session_tokens`; a new prompt that extends them continues it.
+    let mut session: Session = model.new_session();
+    let mut session_tokens: Vec<u32> = Vec::new();
+    eprintln!("deltafin chat with {}. {HELP}", a.model.display());
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        std::io::stderr().flush()?;
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            break;
+        }
+        let text = line.trim_end_matches(['\n', '\r']);
+        match text.trim() {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history = fresh_history();
+                session = model.new_session();
+                session_tokens.clear();
+                eprintln!("(new conversation)");
+                continue;
+            }
+            "/help" => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            cmd if cmd.starts_with('/') => {
+                eprintln!("unknown command {cmd}; try /help");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(ChatMessage::user(text));
+        let prompt = format.prompt(&tok, &history, a.effort)?;
+        let new_tokens = match prompt.strip_prefix(&session_tokens[..]) {
+            Some(rest) if !rest.is_empty() => rest.to_vec(),
+            _ => {
+                session = model.new_session();
+                session_tokens.clear();
+                prompt.clone()
+            }
+        };
+        let req = Request {
+            prompt: new_tokens,
+            max_new: a.max_new,
+            stop_ids: stop_ids.clone(),
+            sampling: sampling.clone(),
+            prompt_logits: false,
+        };
+        let stats = Stats::default();
+        let mut printer = ReplyPrinter::new(!a.hide_reasoning);
+        let mut parser = format.reply_parser();
+        let mut decoder = StreamDecoder::new(&tok);
+        let mut out = std::io::stdout().lock();
+        let mut failure: Option<anyhow::Error> = None;
+        let prefill = progress::prefill_spinner(req.prompt.len());
+        STOP_REPLY.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let result = generate_in(&model, &mut session, &req, &stats, |token, _| {
+            prefill.finish_and_clear();
+            if STOP_REPLY.load(Ordering::SeqCst) {
+                return Flow::Stop;
+            }
+            let step = decoder
+                .push(token)
+                .map_err(anyhow::Error::from)
+                .and_then(|text| Ok(printer.print(&mut out, parser.push(&text))?));
+            match step {
+                Ok(()) => Flow::Continue,
+                Err(e) => {
+                    failure = Some(e);
+                    Flow::Stop
+                }
+            }
+        });
+        GENERATING.store(false, Ordering::SeqCst);
+        prefill.finish_and_clear();
+        let output = result?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        printer.print(&mut out, parser.finish(&decoder.finish()))?;
+        printer.end(&mut out)?;
+        drop(out);
+        if output.finish == FinishReason::Caller {
+            eprintln!("[stopped]");
+        }
+        if a.stats {
+            eprintln!(
+                "{}",
+                crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs)
+            );
+        }
+        // The session now holds the prompt and every generated token but the last (never fed back).
+        session_tokens.extend_from_slice(&req.prompt);
+        session_tokens.extend_from_slice(&output.tokens[..output.tokens.len().saturating_sub(1)]);
+        history.push(printer.reply);
+    }
+    Ok(())
+}
+
+pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer> {
+    if !dir.join("tiktoken.model").exists() {
+        bail!(
+            "{} has no tiktoken.model, so text cannot be tokenized. Point --model at a checkpoint directory that includes its tokenizer files.",
+            dir.display()
+        );
+    }
+    Tokenizer::from_dir(dir)
+}

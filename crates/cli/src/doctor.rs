@@ -1,0 +1,198 @@
+//! `deltafin doctor`: what this machine offers (CPU features and the kernel path, memory, disk read
+//! bandwidth) and whether a model directory is healthy, one line per problem.
+
+use crate::chat::ChatFormat;
+use anyhow::{bail, Result};
+use clap::Args;
+use deltafin_formats::config::ModelConfig;
+use deltafin_models::Model;
+use deltafin_store::probe;
+use deltafin_tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// Check this checkpoint directory: config, every tensor, tokenizer, chat format (default: no model check).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Measure the read bandwidth of the drive holding this directory (default: the --model directory,
+    /// else the current directory).
+    #[arg(long)]
+    disk: Option<PathBuf>,
+    /// Size of the temporary file read for the bandwidth measurement, in MiB (0 skips the measurement).
+    #[arg(long, default_value_t = 256)]
+    disk_mib: u64,
+}
+
+pub fn doctor(a: DoctorArgs) -> Result<()> {
+    println!("cpu: {}", cpu_line());
+    println!("memory: {}", memory_line());
+    let disk = a
+        .disk
+        .clone()
+        .or_else(|| a.model.clone())
+        .unwrap_or_else(|| PathBuf::from("."));
+    if a.disk_mib > 0 {
+        match disk_bandwidth(&disk, a.disk_mib << 20) {
+            Ok(line) => println!("disk: {line}"),
+            Err(e) => println!("disk: {}: cannot measure ({e:#})", disk.display()),
+        }
+    }
+    let Some(dir) = &a.model else {
+        return Ok(());
+    };
+    let problems = check_model(dir);
+    if problems.is_empty() {
+        println!("model {}: ok", dir.display());
+        return Ok(());
+    }
+    for p in &problems {
+        println!("problem: {p}");
+    }
+    bail!(
+        "{} has {} problem(s), listed above; fix them or re-download the checkpoint.",
+        dir.display(),
+        problems.len()
+    )
+}
+
+fn cpu_line() -> String {
+    let name = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{name}, {cores} threads available; features: {}; kernels: {}",
+        cpu_features().join(" "),
+        deltafin_kernels::isa()
+    )
+}
+
+/// The CPU features that matter to deltafin's kernels, as detected at run time.
+fn cpu_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut found = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! detect {
+            ($($f:tt),*) => {$(if std::arch::is_x86_feature_detected!($f) { found.push($f); })*};
+        }
+        detect!("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            found.push("neon");
+        }
+    }
+    if found.is_empty() {
+        found.push("none detected");
+    }
+    found
+}
+
+fn memory_line() -> String {
+    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
+        return "unknown (no /proc/meminfo)".into();
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .map(|kib| kib as f64 / (1 << 20) as f64)
+    };
+    match (field("MemTotal:"), field("MemAvailable:")) {
+        (Some(total), Some(avail)) => format!("{total:.1} GiB total, {avail:.1} GiB available"),
+        (Some(total), None) => format!("{total:.1} GiB total"),
+        _ => "unknown".into(),
+    }
+}
+
+/// Reads a temporary file of `bytes` in `dir` with direct I/O where the filesystem allows it, then
+/// removes it. A quick look; `deltafin disk-probe` measures more thoroughly.
+fn disk_bandwidth(dir: &Path, bytes: u64) -> Result<String> {
+    let existed = dir.join(".deltafin-probe").exists();
+    let file = crate::progress::while_busy("measuring disk read bandwidth", || {
+        probe::probe_file(dir, bytes)
+    })?;
+    let result = probe::probe(&file, bytes, 8 << 20, 1 << 20, 4, true);
+    if !existed {
+        let _ = std::fs::remove_file(&file);
+    }
+    let r = result?;
+    Ok(format!(
+        "{}: {:.2} GB/s reading {} MiB ({:?} I/O, 4 reads in flight)",
+        dir.display(),
+        r.gbps(),
+        r.bytes >> 20,
+        r.mode
+    ))
+}
+
+/// Every problem found in checkpoint `dir`, one sentence each (empty when healthy).
+fn check_model(dir: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !dir.is_dir() {
+        return vec![format!("{} is not a directory", dir.display())];
+    }
+    let config = match ModelConfig::from_dir(dir) {
+        Ok(c) => {
+            println!(
+                "config: {:?}, {} layers, vocab {}",
+                c.family, c.num_layers, c.vocab_size
+            );
+            Some(c)
+        }
+        Err(e) => {
+            problems.push(format!("config.json: {e:#}"));
+            None
+        }
+    };
+    if config.is_some() {
+        match crate::progress::while_busy("loading every tensor", || Model::load(dir)) {
+            Ok(_) => println!("weights: every expected tensor present with the right shape"),
+            Err(e) => problems.push(format!("weights: {e:#}")),
+        }
+    }
+    match Tokenizer::from_dir(dir) {
+        Ok(tok) => {
+            println!(
+                "tokenizer: {} ranks, vocab {}",
+                tok.num_ranks(),
+                tok.vocab_size()
+            );
+            if let Some(c) = &config {
+                if tok.vocab_size() > c.vocab_size {
+                    problems.push(format!(
+                        "tokenizer: ids go up to {} but config.json has vocab_size {}",
+                        tok.vocab_size() - 1,
+                        c.vocab_size
+                    ));
+                }
+                if let Some(eos) = c.eos_token_id {
+                    if tok.special_name(eos).is_none() {
+                        problems.push(format!(
+                            "tokenizer: eos_token_id {eos} of config.json is not a special token of tokenizer_config.json"
+                        ));
+                    }
+                }
+                match ChatFormat::for_checkpoint(dir, c.family) {
+                    Ok(ChatFormat::K3) => println!("chat: K3 XTML (built in)"),
+                    Ok(ChatFormat::Template(_)) => {
+                        println!("chat: the checkpoint's Jinja template")
+                    }
+                    Err(e) => problems.push(format!("chat: {e:#}")),
+                }
+            }
+        }
+        Err(e) => problems.push(format!("tokenizer: {e:#}")),
+    }
+    problems
+}

@@ -1,0 +1,320 @@
+//! The device: a context, a compute stream and a copy stream, the NVRTC-compiled kernels, and raw device
+//! buffers. Buffers are plain `cuMemAlloc` allocations addressed by pointer; ordering between the two streams
+//! is explicit (events), so cudarc's per-slice event tracking is not used.
+
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::result as cu;
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The kernels' CUDA C source, compiled at run time for the GPU in hand.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Every kernel the backend launches (each must exist in the compiled module).
+pub const KERNEL_NAMES: &[&str] = &[
+    "matmul_bf16",
+    "mlp_up_act",
+    "embed_rows",
+    "rms_norm_rows",
+    "attn_res_mix",
+    "add_into",
+    "mul_sigmoid",
+    "kda_gates",
+    "kda_recurrence",
+    "mla_append",
+    "mla_attend",
+    "expert_up",
+    "expert_down",
+    "moe_combine",
+];
+
+/// Why CUDA cannot be used here, or `Ok` with the device count: checks the driver library, the NVRTC
+/// library and the devices, without panicking (cudarc panics on a missing library when first used).
+pub fn availability() -> Result<usize> {
+    // SAFETY: only tries to dlopen the libraries by their usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        bail!("CUDA is unavailable: the NVIDIA driver library (libcuda.so.1) was not found — is this a machine with an NVIDIA GPU and its driver installed? (LD_LIBRARY_PATH is searched)");
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        bail!("CUDA is unavailable: the NVRTC library (libnvrtc.so.13 or .12) was not found; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and add its lib directory to LD_LIBRARY_PATH");
+    }
+    let n = CudaContext::device_count()
+        .map_err(|e| anyhow!("CUDA is unavailable: the driver reports {e:?} (no usable GPU?)"))?;
+    if n <= 0 {
+        bail!("CUDA is unavailable: the driver sees no GPU");
+    }
+    Ok(n as usize)
+}
+
+/// NVRTC options shared by tests and the device: no contraction of a*b+c (the CPU rounds twice there),
+/// IEEE division and square root, no flush-to-zero.
+pub fn compile_options(arch: Option<&'static str>) -> CompileOptions {
+    CompileOptions {
+        fmad: Some(false),
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        use_fast_math: Some(false),
+        arch,
+        name: Some("deltafin_kernels.cu".into()),
+        ..Default::default()
+    }
+}
+
+/// Compiles the kernels to PTX for `arch` (e.g. "compute_90"); `None` lets NVRTC pick its default.
+pub fn compile(arch: Option<&'static str>) -> Result<Ptx> {
+    compile_ptx_with_opts(KERNEL_SOURCE, compile_options(arch)).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            anyhow!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
+        }
+        other => anyhow!("NVRTC failed: {other:?}"),
+    })
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub copy: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub name: String,
+    pub sm: (i32, i32),
+}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let count = availability()?;
+        if ordinal >= count {
+            bail!("--device cuda:{ordinal}: this machine has {count} GPU(s) (cuda:0 … cuda:{})", count - 1);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot open GPU {ordinal}: {e:?}"))?;
+        // Ordering between the compute and copy streams is explicit (events), and buffers are raw pointers.
+        // SAFETY: no CudaSlice is shared between streams in this crate.
+        unsafe { ctx.disable_event_tracking() };
+        let sm = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
+        let ptx = compile(Some(arch)).context("compiling the CUDA kernels")?;
+        let module = ctx.load_module(ptx).map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
+        let mut funcs = HashMap::new();
+        for &k in KERNEL_NAMES {
+            let f = module.load_function(k).map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+            funcs.insert(k, f);
+        }
+        let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        let copy = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        Ok(Gpu { ctx, stream, copy, funcs, name, sm })
+    }
+
+    pub fn func(&self, name: &str) -> &CudaFunction {
+        self.funcs.get(name).expect("every launched kernel is in KERNEL_NAMES")
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        // SAFETY: a plain allocation, freed in Drop.
+        let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
+            .map_err(|e| anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
+        Ok(DevBuf { ptr, bytes, ctx: self.ctx.clone() })
+    }
+
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        self.htod_sync(b.ptr, data)?;
+        Ok(b)
+    }
+
+    pub fn htod_sync<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        // SAFETY: dst holds at least size_of_val(src) bytes (callers allocate it so).
+        unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+    }
+
+    /// Copies on the compute stream (ordered after the kernels before it) and waits for it.
+    pub fn dtoh<T: Copy + Default>(&self, src: u64, len: usize) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); len];
+        // SAFETY: src holds len values of T; the stream is synchronised before `out` is read.
+        unsafe { cu::memcpy_dtoh_async(&mut out, src, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
+        self.stream.synchronize().map_err(|e| anyhow!("a kernel failed: {e:?}"))?;
+        Ok(out)
+    }
+
+    /// Host data into device memory, ordered on the compute stream. `src` must stay alive and unchanged until
+    /// the stream has passed this point (callers keep it until their next synchronisation).
+    pub fn htod_async<T: Copy>(&self, dst: u64, src: &[T]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: see above.
+        unsafe { cu::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+    }
+
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges are device allocations of at least `bytes`.
+        unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| anyhow!("device copy: {e:?}"))
+    }
+
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| anyhow!("{e:?}"))
+    }
+}
+
+/// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64).
+pub struct Launch<'a> {
+    gpu: &'a Gpu,
+    name: &'static str,
+    cfg: LaunchConfig,
+    args: Vec<Arg>,
+}
+
+pub enum Arg {
+    Ptr(u64),
+    I(i32),
+    F(f32),
+    Parts([u64; 6]),
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Parts(pub [u64; 6]);
+// SAFETY: a plain C struct of six u64, as the kernels declare it.
+unsafe impl cudarc::driver::DeviceRepr for Parts {}
+
+impl<'a> Launch<'a> {
+    pub fn new(gpu: &'a Gpu, name: &'static str, grid: (u32, u32), block: u32, shared: u32) -> Self {
+        Launch {
+            gpu,
+            name,
+            cfg: LaunchConfig { grid_dim: (grid.0.max(1), grid.1.max(1), 1), block_dim: (block, 1, 1), shared_mem_bytes: shared },
+            args: Vec::new(),
+        }
+    }
+    pub fn p(mut self, v: u64) -> Self {
+        self.args.push(Arg::Ptr(v));
+        self
+    }
+    pub fn i(mut self, v: usize) -> Self {
+        self.args.push(Arg::I(i32::try_from(v).expect("kernel sizes fit in i32")));
+        self
+    }
+    pub fn f(mut self, v: f32) -> Self {
+        self.args.push(Arg::F(v));
+        self
+    }
+    pub fn parts(mut self, v: [u64; 6]) -> Self {
+        self.args.push(Arg::Parts(v));
+        self
+    }
+    pub fn go(self) -> Result<()> {
+        let f = self.gpu.func(self.name);
+        let parts: Vec<Parts> = self
+            .args
+            .iter()
+            .filter_map(|a| if let Arg::Parts(p) = a { Some(Parts(*p)) } else { None })
+            .collect();
+        let mut b = self.gpu.stream.launch_builder(f);
+        let mut pi = 0;
+        for a in &self.args {
+            match a {
+                Arg::Ptr(v) => b.arg(v),
+                Arg::I(v) => b.arg(v),
+                Arg::F(v) => b.arg(v),
+                Arg::Parts(_) => {
+                    pi += 1;
+                    b.arg(&parts[pi - 1])
+                }
+            };
+        }
+        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel).
+        unsafe { b.launch(self.cfg) }.map_err(|e| anyhow!("launching {}: {e:?}", self.name))?;
+        Ok(())
+    }
+}
+
+/// A device allocation.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    /// Pointer to element `i` of an f32 buffer.
+    pub fn f(&self, i: usize) -> u64 {
+        self.ptr + 4 * i as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_sync, freed once; cuMemFree synchronises with pending work.
+        unsafe {
+            let _ = cu::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Page-locked host memory (the staging buffers of host-to-device copies).
+pub struct Pinned {
+    pub ptr: *mut u8,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: plain memory; access is coordinated by the staging ring's events.
+unsafe impl Send for Pinned {}
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub fn new(gpu: &Gpu, bytes: usize) -> Result<Pinned> {
+        gpu.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        // SAFETY: allocation; freed in Drop. Write-combined: the CPU only writes it, the DMA engine reads it.
+        let ptr = unsafe { cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_WRITECOMBINED) }
+            .map_err(|e| anyhow!("pinned host allocation of {bytes} bytes failed: {e:?}"))?;
+        Ok(Pinned { ptr: ptr as *mut u8, bytes, ctx: gpu.ctx.clone() })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `bytes` bytes were allocated at ptr.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_host.
+        unsafe {
+            let _ = cu::free_host(self.ptr as *mut _);
+        }
+    }
+}
+
+/// Copies `src` into `dst` with several threads (one core's copy rate is below PCIe's).
+pub fn par_copy(dst: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 20;
+    if src.len() < 2 * CHUNK {
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    }
+    dst[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}

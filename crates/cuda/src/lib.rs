@@ -1,0 +1,55 @@
+//! `deltafin-cuda`: the CPU path's math on an NVIDIA GPU.
+//!
+//! - The CUDA driver and NVRTC are loaded at run time (cudarc, dynamic loading): the same binary runs on
+//!   machines without CUDA, and [`availability`] says why the GPU cannot be used there.
+//! - Kernels are CUDA C (`kernels.cu`) compiled by NVRTC for the GPU in hand. Every dot product follows the
+//!   CPU kernels' 32-lane order with a warp per output value, so a row's result never depends on its batch.
+//! - Memory is one hierarchy: the spine resident in VRAM; routed experts in a VRAM slot cache with a budget,
+//!   filled from the CPU-side [`deltafin_store::ExpertStore`] (RAM cache ← disk) through pinned staging
+//!   buffers, copied on their own stream while resident experts compute.
+
+pub mod gpu;
+mod model;
+pub mod plan;
+pub mod probe;
+
+pub use gpu::availability;
+pub use model::{select_experts, CudaCounters, CudaModel, CudaOptions, CudaSession, RecordLayout};
+
+use anyhow::{bail, Result};
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Device> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => bail!("unknown device {s:?}: use cpu, cuda or cuda:N"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+        assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:x".parse::<Device>().is_err());
+    }
+}

@@ -1,0 +1,994 @@
+//! Both families on the GPU, in the order of the CPU code (crates/models): the spine resident in VRAM, routed
+//! experts in a VRAM slot cache fed from the CPU-side expert store through pinned staging buffers.
+
+use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
+use crate::plan::{plan_waves, Ring, SlotCache};
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::{result as cu, CudaEvent};
+use deltafin_formats::checkpoint::Checkpoint;
+use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_models::moe::Route;
+use deltafin_models::ops::sigmoid;
+use deltafin_models::weights::Loader;
+use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
+use deltafin_store::{ExpertStore, StoreOptions};
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+const WARPS: u32 = 8;
+
+/// Options of the CUDA backend.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    pub ordinal: usize,
+    /// VRAM for routed experts; default: every expert of the model, or what fits in free memory less 4 GiB.
+    pub expert_vram: Option<u64>,
+}
+
+/// What the expert path did on the device (cumulative).
+#[derive(Clone, Debug, Default)]
+pub struct CudaCounters {
+    pub vram_hits: u64,
+    pub vram_misses: u64,
+    pub h2d_bytes: u64,
+    /// Host time spent staging records into pinned memory and issuing their copies.
+    pub stage_secs: f64,
+}
+
+struct Lin {
+    buf: DevBuf,
+    rows: usize,
+    cols: usize,
+}
+
+enum OutGate {
+    Full(Lin),
+    Low(Lin, Lin),
+}
+
+struct Kda {
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    conv: DevBuf,
+    f_a: Lin,
+    f_b: Lin,
+    b: Lin,
+    a_log: DevBuf,
+    dt_bias: DevBuf,
+    o_norm: DevBuf,
+    gate: OutGate,
+    o: Lin,
+    heads: usize,
+    dim: usize,
+    kern: usize,
+    /// 0: K3's lower-bound sigmoid gate and clamped q/k norm; 1: Kimi Linear's softplus gate and eps-in-sqrt norm.
+    kind: usize,
+}
+
+enum QPath {
+    Low { a: Lin, norm: DevBuf, b: Lin },
+    Direct(Lin),
+}
+
+struct Mla {
+    q: QPath,
+    kv_a: Lin,
+    kv_norm: DevBuf,
+    kv_b: Lin,
+    gate: Option<Lin>,
+    o: Lin,
+    heads: usize,
+    nope: usize,
+    rope: usize,
+    dv: usize,
+    kvl: usize,
+    eps: f32,
+}
+
+enum Attn {
+    Kda(Box<Kda>),
+    Mla(Box<Mla>),
+}
+
+struct Mlp {
+    gate: Lin,
+    up: Lin,
+    down: Lin,
+}
+
+struct Moe {
+    router: Lin,
+    bias: Vec<f32>,
+    latent: Option<(Lin, DevBuf, Lin)>,
+    shared: Mlp,
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Moe(Box<Moe>),
+}
+
+struct Layer {
+    attn_res: Option<DevBuf>,
+    input_norm: DevBuf,
+    attn: Attn,
+    mlp_res: Option<DevBuf>,
+    post_norm: DevBuf,
+    ffn: Ffn,
+}
+
+/// The record layout of one expert: tensor offsets inside the record, and its encoding.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordLayout {
+    pub mxfp4: bool,
+    pub width: usize,
+    pub inter: usize,
+    pub parts: [u64; 6],
+    pub len: usize,
+}
+
+impl RecordLayout {
+    pub fn new(cfg: &ModelConfig) -> RecordLayout {
+        let inter = cfg.moe.intermediate;
+        let (mxfp4, width) = match cfg.family {
+            Family::KimiK3 => (true, cfg.moe.latent.unwrap_or(cfg.hidden)),
+            Family::KimiLinear => (false, cfg.hidden),
+        };
+        // Checkpoint order: w1 [inter, width], w2 [width, inter], w3 [inter, width]; MXFP4: packed then scales.
+        let sizes: Vec<usize> = if mxfp4 {
+            [(inter, width), (width, inter), (inter, width)]
+                .iter()
+                .flat_map(|&(r, c)| [r * c / 2, r * c / 32])
+                .collect()
+        } else {
+            vec![inter * width * 2; 3]
+        };
+        let mut parts = [0u64; 6];
+        let mut at = 0usize;
+        for (i, s) in sizes.iter().enumerate() {
+            parts[i] = at as u64;
+            at += s;
+        }
+        RecordLayout { mxfp4, width, inter, parts, len: at }
+    }
+}
+
+/// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring.
+struct ExpertCache {
+    slots: DevBuf,
+    slot_len: usize,
+    plan: SlotCache,
+    staging: Vec<(Pinned, CudaEvent)>,
+    ring: Ring,
+    counters: CudaCounters,
+}
+
+pub struct CudaModel {
+    gpu: Gpu,
+    cfg: ModelConfig,
+    embed: Lin,
+    layers: Vec<Layer>,
+    out_res: Option<DevBuf>,
+    norm: DevBuf,
+    lm_head: Lin,
+    store: Arc<ExpertStore>,
+    layout: RecordLayout,
+    cache: Mutex<ExpertCache>,
+    arena: Mutex<Arena>,
+    spine_bytes: u64,
+}
+
+/// One sequence's device state.
+pub struct CudaSession {
+    layers: Vec<State>,
+    pub pos: usize,
+}
+
+enum State {
+    Kda { conv: DevBuf, s: DevBuf },
+    Mla { lat: DevBuf, pe: DevBuf, cap: usize },
+}
+
+/// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).
+struct Arena {
+    buf: Option<DevBuf>,
+    off: Cell<usize>,
+    /// Host data whose asynchronous copies may still be in flight: kept until the pass ends.
+    keep: Vec<Vec<u8>>,
+}
+
+impl Arena {
+    fn take(&self, bytes: usize) -> Result<u64> {
+        let buf = self.buf.as_ref().expect("sized at pass start");
+        let at = self.off.get();
+        let end = at + bytes.div_ceil(256) * 256;
+        if end > buf.bytes {
+            bail!("internal: the pass's scratch ({} bytes) is too small", buf.bytes);
+        }
+        self.off.set(end);
+        Ok(buf.ptr + at as u64)
+    }
+    fn f32s(&self, n: usize) -> Result<u64> {
+        self.take(4 * n)
+    }
+}
+
+impl CudaModel {
+    pub fn load(dir: &Path, load: &LoadOptions, opts: &CudaOptions) -> Result<CudaModel> {
+        let gpu = Gpu::open(opts.ordinal)?;
+        let cfg = ModelConfig::from_dir(dir)?;
+        let ck = Checkpoint::open(dir)?;
+        let (store, layout) = open_store(dir, &cfg, load)?;
+        let prefix = layer_prefix(cfg.family);
+        let k3 = cfg.family == Family::KimiK3;
+        let root = Loader::new(&ck, prefix);
+        let mut spine_bytes = 0u64;
+        let mut lin = |ld: &Loader, name: &str, rows: usize, cols: usize| -> Result<Lin> {
+            let l = ld.linear(name, rows, cols)?;
+            spine_bytes += 2 * (rows * cols) as u64;
+            Ok(Lin { buf: gpu.upload(&l.data)?, rows, cols })
+        };
+        let vecf = |ld: &Loader, name: &str, shape: &[usize]| -> Result<DevBuf> { gpu.upload(&ld.vector(name, shape)?) };
+        let h = cfg.hidden;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let ld = root.sub(&format!("layers.{l}."));
+            let layer = (|| -> Result<Layer> {
+                let res = |n: &str, p: &str| -> Result<Option<DevBuf>> {
+                    if k3 {
+                        Ok(Some(gpu.upload(&ld.res_score(n, p, h)?)?))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let attn_res = res("self_attention_res_norm.weight", "self_attention_res_proj.weight")?;
+                let mlp_res = res("mlp_res_norm.weight", "mlp_res_proj.weight")?;
+                let attn = if cfg.is_mla[l] {
+                    let m = &cfg.mla;
+                    let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                    let q = match m.q_lora_rank {
+                        Some(r) => QPath::Low {
+                            a: lin(&ld, "self_attn.q_a_proj.weight", r, h)?,
+                            norm: vecf(&ld, "self_attn.q_a_layernorm.weight", &[r])?,
+                            b: lin(&ld, "self_attn.q_b_proj.weight", m.heads * qd, r)?,
+                        },
+                        None => QPath::Direct(lin(&ld, "self_attn.q_proj.weight", m.heads * qd, h)?),
+                    };
+                    if m.kv_lora_rank % 32 != 0 {
+                        bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
+                    }
+                    Attn::Mla(Box::new(Mla {
+                        q,
+                        kv_a: lin(&ld, "self_attn.kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
+                        kv_norm: vecf(&ld, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
+                        kv_b: lin(&ld, "self_attn.kv_b_proj.weight", m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
+                        gate: if k3 { Some(lin(&ld, "self_attn.g_proj.weight", m.heads * m.v_head_dim, h)?) } else { None },
+                        o: lin(&ld, "self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?,
+                        heads: m.heads,
+                        nope: m.qk_nope_head_dim,
+                        rope: m.qk_rope_head_dim,
+                        dv: m.v_head_dim,
+                        kvl: m.kv_lora_rank,
+                        eps: m.latent_norm_eps,
+                    }))
+                } else {
+                    let (heads, dim, kern) = (cfg.kda.heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
+                    if dim % 32 != 0 || dim > 1024 || kern == 0 {
+                        bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
+                    }
+                    let w = heads * dim;
+                    let mut conv = Vec::with_capacity(3 * w * kern);
+                    for p in ["q", "k", "v"] {
+                        conv.extend(ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?);
+                    }
+                    let (a_log, gate) = if k3 {
+                        let stored = ld.vector("self_attn.A_log", &[dim])?;
+                        if heads > dim {
+                            bail!("K3 stores A_log with {dim} entries, fewer than the {heads} heads");
+                        }
+                        (stored[..heads].to_vec(), OutGate::Full(lin(&ld, "self_attn.g_proj.weight", w, h)?))
+                    } else {
+                        (
+                            ld.vector("self_attn.A_log", &[1, 1, heads, 1])?,
+                            OutGate::Low(lin(&ld, "self_attn.g_a_proj.weight", dim, h)?, lin(&ld, "self_attn.g_b_proj.weight", w, dim)?),
+                        )
+                    };
+                    Attn::Kda(Box::new(Kda {
+                        q: lin(&ld, "self_attn.q_proj.weight", w, h)?,
+                        k: lin(&ld, "self_attn.k_proj.weight", w, h)?,
+                        v: lin(&ld, "self_attn.v_proj.weight", w, h)?,
+                        conv: gpu.upload(&conv)?,
+                        f_a: lin(&ld, "self_attn.f_a_proj.weight", dim, h)?,
+                        f_b: lin(&ld, "self_attn.f_b_proj.weight", w, dim)?,
+                        b: lin(&ld, "self_attn.b_proj.weight", heads, h)?,
+                        a_log: gpu.upload(&a_log)?,
+                        dt_bias: vecf(&ld, "self_attn.dt_bias", &[w])?,
+                        o_norm: vecf(&ld, "self_attn.o_norm.weight", &[dim])?,
+                        gate,
+                        o: lin(&ld, "self_attn.o_proj.weight", h, w)?,
+                        heads,
+                        dim,
+                        kern,
+                        kind: if k3 { 0 } else { 1 },
+                    }))
+                };
+                let mlp = |lin: &mut dyn FnMut(&Loader, &str, usize, usize) -> Result<Lin>, ld: &Loader, width: usize| -> Result<Mlp> {
+                    Ok(Mlp {
+                        gate: lin(ld, "gate_proj.weight", width, h)?,
+                        up: lin(ld, "up_proj.weight", width, h)?,
+                        down: lin(ld, "down_proj.weight", h, width)?,
+                    })
+                };
+                let ffn = if cfg.is_dense(l) {
+                    Ffn::Dense(mlp(&mut lin, &ld.sub("mlp."), cfg.dense_intermediate)?)
+                } else {
+                    let m = &cfg.moe;
+                    let latent = match m.latent {
+                        Some(w) => Some((
+                            lin(&ld, "block_sparse_moe.routed_expert_down_proj.weight", w, h)?,
+                            vecf(&ld, "block_sparse_moe.routed_expert_norm.weight", &[w])?,
+                            lin(&ld, "block_sparse_moe.routed_expert_up_proj.weight", h, w)?,
+                        )),
+                        None => None,
+                    };
+                    Ffn::Moe(Box::new(Moe {
+                        router: lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?,
+                        bias: ld.vector("block_sparse_moe.gate.e_score_correction_bias", &[m.num_experts])?,
+                        latent,
+                        shared: mlp(&mut lin, &ld.sub("block_sparse_moe.shared_experts."), m.shared_width)?,
+                    }))
+                };
+                Ok(Layer {
+                    attn_res,
+                    input_norm: vecf(&ld, "input_layernorm.weight", &[h])?,
+                    attn,
+                    mlp_res,
+                    post_norm: vecf(&ld, "post_attention_layernorm.weight", &[h])?,
+                    ffn,
+                })
+            })();
+            layers.push(layer.with_context(|| format!("layer {l}"))?);
+        }
+        let (v, head_root) = (cfg.vocab_size, if k3 { "language_model." } else { "" });
+        let embed = ld_lin(&gpu, &root, "embed_tokens.weight", v, h)?;
+        let lm_head = lin(&Loader::new(&ck, head_root), "lm_head.weight", v, h)?;
+        let out_res = if k3 {
+            Some(gpu.upload(&root.res_score("output_attn_res_norm.weight", "output_attn_res_proj.weight", h)?)?)
+        } else {
+            None
+        };
+        let norm = gpu.upload(&root.vector("norm.weight", &[h])?)?;
+
+        // The VRAM expert cache.
+        let slot_len = layout.len.div_ceil(256) * 256;
+        let records: usize = (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
+        let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+        let budget = match opts.expert_vram {
+            Some(b) => b,
+            None => ((records * slot_len) as u64).min((free as u64).saturating_sub(4 << 30)),
+        };
+        let n_slots = ((budget / slot_len as u64) as usize).min(records.max(1));
+        if n_slots == 0 {
+            bail!("--expert-vram {budget} bytes holds no expert record of {slot_len} bytes; give at least one record's worth");
+        }
+        let slots = gpu.alloc(n_slots * slot_len).with_context(|| format!("allocating {n_slots} VRAM expert slots"))?;
+        let staging = (0..4)
+            .map(|_| Ok((Pinned::new(&gpu, layout.len)?, gpu.event()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let cache = ExpertCache {
+            slots,
+            slot_len,
+            plan: SlotCache::new(n_slots),
+            ring: Ring::new(staging.len()),
+            staging,
+            counters: CudaCounters::default(),
+        };
+        Ok(CudaModel {
+            gpu,
+            cfg,
+            embed,
+            layers,
+            out_res,
+            norm,
+            lm_head,
+            store,
+            layout,
+            cache: Mutex::new(cache),
+            arena: Mutex::new(Arena { buf: None, off: Cell::new(0), keep: Vec::new() }),
+            spine_bytes,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn store(&self) -> &ExpertStore {
+        &self.store
+    }
+
+    pub fn device_name(&self) -> String {
+        format!("{} (sm_{}{})", self.gpu.name, self.gpu.sm.0, self.gpu.sm.1)
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// BF16 spine bytes read per decode token (every matrix but the embedding table, of which one row).
+    pub fn spine_bytes_per_token(&self) -> u64 {
+        self.spine_bytes + 2 * self.cfg.hidden as u64
+    }
+
+    pub fn record_len(&self) -> usize {
+        self.layout.len
+    }
+
+    pub fn expert_slots(&self) -> usize {
+        self.cache.lock().unwrap().plan.slots()
+    }
+
+    pub fn counters(&self) -> CudaCounters {
+        self.cache.lock().unwrap().counters.clone()
+    }
+
+    pub fn new_session(&self) -> Result<CudaSession> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attn::Kda(k) => {
+                    let w = k.heads * k.dim;
+                    Ok(State::Kda {
+                        conv: self.zeros(3 * w * (k.kern - 1))?,
+                        s: self.zeros(k.heads * k.dim * k.dim)?,
+                    })
+                }
+                Attn::Mla(m) => {
+                    let cap = 64;
+                    Ok(State::Mla { lat: self.zeros(cap * m.kvl)?, pe: self.zeros(cap * m.rope)?, cap })
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(CudaSession { layers, pos: 0 })
+    }
+
+    fn zeros(&self, n: usize) -> Result<DevBuf> {
+        self.gpu.upload(&vec![0.0f32; n.max(1)])
+    }
+
+    /// Runs `tokens` after the session's history and returns logits `[rows, vocab]`, like the CPU model.
+    pub fn forward(&self, s: &mut CudaSession, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            bail!("a forward pass needs at least one token");
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            bail!("token id {t} is outside the vocabulary (size {})", self.cfg.vocab_size);
+        }
+        let n = tokens.len();
+        let mut arena = self.arena.lock().unwrap();
+        self.size_arena(&mut arena, n, s.pos)?;
+        let result = self.pass(&arena, s, tokens, rows, stats);
+        // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
+        let _ = self.gpu.stream.synchronize();
+        arena.keep.clear();
+        let out = result?;
+        s.pos += n;
+        Ok(out)
+    }
+
+    fn size_arena(&self, arena: &mut Arena, n: usize, pos: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (hd, w) = (c.hidden, c.kda.heads * c.kda.head_dim);
+        let m = &c.mla;
+        let anchors = c.attn_res_block.map_or(0, |b| c.num_layers.div_ceil(b)) + 1;
+        let lay = &self.layout;
+        let per_row = 4 * ((anchors + 8) * hd
+            + 9 * w
+            + 2 * c.kda.head_dim
+            + c.kda.heads
+            + m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + 2 * m.v_head_dim)
+            + m.q_lora_rank.unwrap_or(0)
+            + m.kv_lora_rank
+            + m.qk_rope_head_dim
+            + m.heads * (pos + n)
+            + c.moe.num_experts
+            + 2 * lay.width
+            + c.moe.top_k * (lay.inter + lay.width + 4)
+            + c.moe.shared_width
+            + c.dense_intermediate
+            + c.vocab_size)
+            + 1024;
+        let need = n * per_row + (1 << 20);
+        if arena.buf.as_ref().is_none_or(|b| b.bytes < need) {
+            arena.buf = None;
+            arena.buf = Some(self.gpu.alloc(need.next_power_of_two())?);
+        }
+        arena.off.set(0);
+        Ok(())
+    }
+
+    fn mm(&self, a: &Arena, w: &Lin, x: u64, n: usize) -> Result<u64> {
+        let y = a.f32s(n * w.rows)?;
+        self.mm_into(w, x, y, n)?;
+        Ok(y)
+    }
+
+    fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
+        Launch::new(&self.gpu, "matmul_bf16", (w.rows.div_ceil(WARPS as usize) as u32, 1), 32 * WARPS, 0)
+            .p(w.buf.ptr)
+            .p(x)
+            .p(y)
+            .i(w.rows)
+            .i(w.cols)
+            .i(n)
+            .go()
+    }
+
+    fn rms(&self, x: u64, w: u64, out: u64, n: usize, d: usize, eps: f32) -> Result<()> {
+        Launch::new(&self.gpu, "rms_norm_rows", (n as u32, 1), 256, 0).p(x).p(w).p(out).i(n).i(d).f(eps).go()
+    }
+
+    fn add(&self, y: u64, x: u64, len: usize) -> Result<()> {
+        Launch::new(&self.gpu, "add_into", (len.div_ceil(256) as u32, 1), 256, 0).p(y).p(x).i(len).go()
+    }
+
+    fn mix(&self, anchors: u64, na: usize, cur: u64, w: &DevBuf, out: u64, n: usize) -> Result<()> {
+        let hd = self.cfg.hidden;
+        Launch::new(&self.gpu, "attn_res_mix", (n as u32, 1), 256, 0)
+            .p(anchors)
+            .i(na)
+            .p(cur)
+            .p(w.ptr)
+            .p(out)
+            .i(n)
+            .i(hd)
+            .f(self.cfg.rms_norm_eps)
+            .go()
+    }
+
+    fn mlp(&self, a: &Arena, m: &Mlp, x: u64, n: usize) -> Result<u64> {
+        let act = a.f32s(n * m.gate.rows)?;
+        let kind = if self.cfg.family == Family::KimiK3 { 0 } else { 1 };
+        Launch::new(&self.gpu, "mlp_up_act", (m.gate.rows.div_ceil(WARPS as usize) as u32, 1), 32 * WARPS, 0)
+            .p(m.gate.buf.ptr)
+            .p(m.up.buf.ptr)
+            .p(x)
+            .p(act)
+            .i(m.gate.rows)
+            .i(m.gate.cols)
+            .i(n)
+            .i(kind)
+            .go()?;
+        self.mm(a, &m.down, act, n)
+    }
+
+    fn pass(&self, a: &Arena, s: &mut CudaSession, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+        let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
+        let tok = a.take(4 * n)?;
+        self.gpu.htod_async(tok, tokens)?;
+        let h = a.f32s(n * hd)?;
+        Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0).p(self.embed.buf.ptr).p(tok).p(h).i(n).i(hd).go()?;
+        let block = self.cfg.attn_res_block;
+        let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
+        let anchors = a.f32s(max_anchors.max(1) * n * hd)?;
+        let mut na = 0usize;
+        let mark = a.off.get();
+        for (l, layer) in self.layers.iter().enumerate() {
+            a.off.set(mark);
+            let x = a.f32s(n * hd)?;
+            match block {
+                Some(block) => {
+                    // K3: a = Mix([anchors…, h]) (or h); a block boundary makes h an anchor and restarts the sum.
+                    let res = layer.attn_res.as_ref().expect("K3 layers carry AttnRes weights");
+                    if na == 0 {
+                        self.gpu.dtod(x, h, 4 * n * hd)?;
+                    } else {
+                        self.mix(anchors, na, h, res, x, n)?;
+                    }
+                    let restart = l % block == 0;
+                    if restart {
+                        self.gpu.dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
+                        na += 1;
+                    }
+                    self.rms(x, layer.input_norm.ptr, x, n, hd, eps)?;
+                    let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
+                    // q = prefix + o, kept in h.
+                    if restart {
+                        self.gpu.dtod(h, o, 4 * n * hd)?;
+                    } else {
+                        self.add(h, o, n * hd)?;
+                    }
+                    let m = a.f32s(n * hd)?;
+                    self.mix(anchors, na, h, layer.mlp_res.as_ref().expect("K3"), m, n)?;
+                    self.rms(m, layer.post_norm.ptr, m, n, hd, eps)?;
+                    let y = self.ffn(a, l, &layer.ffn, m, n, stats)?;
+                    self.add(h, y, n * hd)?;
+                }
+                None => {
+                    // Kimi Linear: h += Attn(RMS(h)); h += MLP(RMS(h)).
+                    self.rms(h, layer.input_norm.ptr, x, n, hd, eps)?;
+                    let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
+                    self.add(h, o, n * hd)?;
+                    let m = a.f32s(n * hd)?;
+                    self.rms(h, layer.post_norm.ptr, m, n, hd, eps)?;
+                    let y = self.ffn(a, l, &layer.ffn, m, n, stats)?;
+                    self.add(h, y, n * hd)?;
+                }
+            }
+        }
+        a.off.set(mark);
+        let f = a.f32s(n * hd)?;
+        match &self.out_res {
+            Some(w) => self.mix(anchors, na, h, w, f, n)?,
+            None => self.gpu.dtod(f, h, 4 * n * hd)?,
+        }
+        let (f, m) = match rows {
+            LogitRows::All => (f, n),
+            LogitRows::Last => (f + (4 * (n - 1) * hd) as u64, 1),
+        };
+        self.rms(f, self.norm.ptr, f, m, hd, eps)?;
+        let logits = self.mm(a, &self.lm_head, f, m)?;
+        self.gpu.dtoh(logits, m * self.cfg.vocab_size)
+    }
+
+    fn attention(&self, a: &Arena, attn: &Attn, x: u64, n: usize, st: &mut State, pos: usize) -> Result<u64> {
+        match (attn, st) {
+            (Attn::Kda(k), State::Kda { conv, s }) => self.kda(a, k, x, n, conv.ptr, s.ptr),
+            (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
+                if pos + n > *cap {
+                    // Grow the latent cache (rare: doubling), keeping what it holds.
+                    let new_cap = (pos + n).next_power_of_two();
+                    let (nl, np) = (self.zeros(new_cap * m.kvl)?, self.zeros(new_cap * m.rope)?);
+                    self.gpu.dtod(nl.ptr, lat.ptr, 4 * pos * m.kvl)?;
+                    self.gpu.dtod(np.ptr, pe.ptr, 4 * pos * m.rope)?;
+                    self.gpu.stream.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+                    (*lat, *pe, *cap) = (nl, np, new_cap);
+                }
+                self.mla(a, m, x, n, lat.ptr, pe.ptr, pos)
+            }
+            _ => unreachable!("a session's states are made by the same model's layers"),
+        }
+    }
+
+    fn kda(&self, a: &Arena, k: &Kda, x: u64, n: usize, conv_state: u64, s: u64) -> Result<u64> {
+        let (heads, dim) = (k.heads, k.dim);
+        let w = heads * dim;
+        let (q, kk, v) = (self.mm(a, &k.q, x, n)?, self.mm(a, &k.k, x, n)?, self.mm(a, &k.v, x, n)?);
+        let beta = self.mm(a, &k.b, x, n)?;
+        let fa = self.mm(a, &k.f_a, x, n)?;
+        let g = self.mm(a, &k.f_b, fa, n)?;
+        Launch::new(&self.gpu, "kda_gates", ((n * w).div_ceil(256) as u32, 1), 256, 0)
+            .p(g)
+            .p(k.dt_bias.ptr)
+            .p(k.a_log.ptr)
+            .p(beta)
+            .i(n)
+            .i(w)
+            .i(dim)
+            .i(heads)
+            .i(k.kind)
+            .f(-5.0)
+            .go()?;
+        let gate = match &k.gate {
+            OutGate::Full(g) => self.mm(a, g, x, n)?,
+            OutGate::Low(ga, gb) => {
+                let t = self.mm(a, ga, x, n)?;
+                self.mm(a, gb, t, n)?
+            }
+        };
+        let out = a.f32s(n * w)?;
+        Launch::new(&self.gpu, "kda_recurrence", (heads as u32, 1), dim as u32, (4 * dim * 4) as u32)
+            .p(q)
+            .p(kk)
+            .p(v)
+            .p(g)
+            .p(beta)
+            .p(gate)
+            .p(k.conv.ptr)
+            .p(conv_state)
+            .p(s)
+            .p(k.o_norm.ptr)
+            .p(out)
+            .i(n)
+            .i(heads)
+            .i(dim)
+            .i(k.kern)
+            .i(k.kind)
+            .f(self.cfg.rms_norm_eps)
+            .go()?;
+        self.mm(a, &k.o, out, n)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mla(&self, a: &Arena, m: &Mla, x: u64, n: usize, lat: u64, pe: u64, pos: usize) -> Result<u64> {
+        let q = match &m.q {
+            QPath::Low { a: qa, norm, b } => {
+                let cq = self.mm(a, qa, x, n)?;
+                self.rms(cq, norm.ptr, cq, n, qa.rows, m.eps)?;
+                self.mm(a, b, cq, n)?
+            }
+            QPath::Direct(p) => self.mm(a, p, x, n)?,
+        };
+        let c = self.mm(a, &m.kv_a, x, n)?;
+        Launch::new(&self.gpu, "mla_append", (n as u32, 1), 128, 0)
+            .p(c)
+            .p(m.kv_norm.ptr)
+            .p(lat)
+            .p(pe)
+            .i(pos)
+            .i(n)
+            .i(m.kvl)
+            .i(m.rope)
+            .f(m.eps)
+            .go()?;
+        let ctx = pos + n;
+        let p = a.f32s(n * m.heads * ctx)?;
+        let attn = a.f32s(n * m.heads * m.dv)?;
+        let scale = 1.0 / ((m.nope + m.rope) as f32).sqrt();
+        Launch::new(&self.gpu, "mla_attend", ((n * m.heads) as u32, 1), 128, (2 * m.kvl * 4) as u32)
+            .p(q)
+            .p(m.kv_b.buf.ptr)
+            .p(lat)
+            .p(pe)
+            .p(p)
+            .i(ctx)
+            .p(attn)
+            .i(n)
+            .i(m.heads)
+            .i(m.nope)
+            .i(m.rope)
+            .i(m.dv)
+            .i(m.kvl)
+            .i(pos)
+            .f(scale)
+            .go()?;
+        if let Some(g) = &m.gate {
+            let gv = self.mm(a, g, x, n)?;
+            let len = n * m.heads * m.dv;
+            Launch::new(&self.gpu, "mul_sigmoid", (len.div_ceil(256) as u32, 1), 256, 0).p(attn).p(gv).i(len).go()?;
+        }
+        self.mm(a, &m.o, attn, n)
+    }
+
+    fn ffn(&self, a: &Arena, l: usize, ffn: &Ffn, x: u64, n: usize, stats: &Stats) -> Result<u64> {
+        match ffn {
+            Ffn::Dense(m) => self.mlp(a, m, x, n),
+            Ffn::Moe(m) => self.moe(a, l, m, x, n, stats).with_context(|| format!("layer {l}")),
+        }
+    }
+
+    fn moe(&self, a: &Arena, layer: usize, m: &Moe, x: u64, n: usize, stats: &Stats) -> Result<u64> {
+        let mc = &self.cfg.moe;
+        let (e_count, top_k) = (mc.num_experts, mc.top_k);
+        // Router logits on the device; the selection on the host, which needs the ids to schedule copies.
+        let logits_dev = self.mm(a, &m.router, x, n)?;
+        let logits: Vec<f32> = self.gpu.dtoh(logits_dev, n * e_count)?;
+        let routes: Vec<Route> = logits
+            .chunks(e_count)
+            .map(|row| select_experts(row, &m.bias, top_k, mc.renormalize, mc.routed_scaling_factor))
+            .collect();
+        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        let lay = &self.layout;
+        let z = match &m.latent {
+            Some((down, _, _)) => self.mm(a, down, x, n)?,
+            None => x,
+        };
+        let rows_of: Vec<Vec<usize>> =
+            union.iter().map(|e| (0..n).filter(|&t| routes[t].ids.contains(e)).collect()).collect();
+        let mut cache = self.cache.lock().unwrap();
+        let waves = plan_waves(&mut cache.plan, layer, &union);
+        // Entries (expert, row) numbered in execution order; entry_of[u] = first entry of union index u.
+        let mut entry_of = vec![0usize; union.len()];
+        let mut next = 0;
+        for w in &waves {
+            for &(u, _) in w.hits.iter().chain(&w.misses) {
+                entry_of[u] = next;
+                next += rows_of[u].len();
+            }
+        }
+        let total = next;
+        let act = a.f32s(total * lay.inter)?;
+        let y = a.f32s(total * lay.width)?;
+        let slot_ptr = |c: &ExpertCache, s: usize| c.slots.ptr + (s * c.slot_len) as u64;
+        for (wi, w) in waves.iter().enumerate() {
+            // Resident experts run at once (overlapping the copies below on the other stream).
+            let hits: Vec<(usize, u64)> = w.hits.iter().map(|&(u, s)| (u, slot_ptr(&cache, s))).collect();
+            self.launch_experts(a, &hits, &rows_of, &entry_of, z, act, y)?;
+            if w.misses.is_empty() {
+                continue;
+            }
+            let t0 = Instant::now();
+            if wi > 0 {
+                // The misses may overwrite slots the previous wave's kernels read.
+                let done = self.gpu.stream.record_event(None).map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.copy.wait(&done).map_err(|e| anyhow!("{e:?}"))?;
+            }
+            let ids: Vec<usize> = w.misses.iter().map(|&(u, _)| union[u]).collect();
+            let mut fetch = self.store.fetch(layer, &ids);
+            while let Some(rec) = fetch.next() {
+                let rec = rec?;
+                let i = w.misses.iter().position(|&(u, _)| union[u] == rec.expert).expect("asked for");
+                let dst = slot_ptr(&cache, w.misses[i].1);
+                let k = cache.ring.take();
+                let (pinned, ev) = &mut cache.staging[k];
+                ev.synchronize().map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
+                par_copy(pinned.as_mut_slice(), rec.bytes());
+                drop(rec);
+                // SAFETY: the slot holds slot_len >= len bytes; the pinned buffer is not rewritten before `ev`.
+                unsafe { cu::memcpy_htod_async(dst, &pinned.as_slice()[..lay.len], self.gpu.copy.cu_stream()) }
+                    .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
+                cache.counters.h2d_bytes += lay.len as u64;
+            }
+            drop(fetch);
+            cache.counters.stage_secs += t0.elapsed().as_secs_f64();
+            let copied = self.gpu.copy.record_event(None).map_err(|e| anyhow!("{e:?}"))?;
+            self.gpu.stream.wait(&copied).map_err(|e| anyhow!("{e:?}"))?;
+            let misses: Vec<(usize, u64)> = w.misses.iter().map(|&(u, s)| (u, slot_ptr(&cache, s))).collect();
+            self.launch_experts(a, &misses, &rows_of, &entry_of, z, act, y)?;
+        }
+        let hits: u64 = waves.iter().map(|w| w.hits.len() as u64).sum();
+        cache.counters.vram_hits += hits;
+        cache.counters.vram_misses += union.len() as u64 - hits;
+        drop(cache);
+        stats.expert_uses.fetch_add(union.len() as u64, Ordering::Relaxed);
+        stats.expert_bytes.fetch_add((union.len() * lay.len) as u64, Ordering::Relaxed);
+        // acc = Σ w_i y_i per row, experts in ascending id order.
+        let mut entry = Vec::with_capacity(n * top_k);
+        let mut wts = Vec::with_capacity(n * top_k);
+        for (t, r) in routes.iter().enumerate() {
+            for (id, wt) in r.ids.iter().zip(&r.weights) {
+                let u = union.binary_search(id).expect("in the union");
+                let j = rows_of[u].iter().position(|&x| x == t).expect("row chose it");
+                entry.push((entry_of[u] + j) as i32);
+                wts.push(*wt);
+            }
+        }
+        let entry_dev = self.stage(a, &entry)?;
+        let wts_dev = self.stage(a, &wts)?;
+        let acc = a.f32s(n * lay.width)?;
+        Launch::new(&self.gpu, "moe_combine", (n as u32, 1), 256, 0)
+            .p(y)
+            .p(entry_dev)
+            .p(wts_dev)
+            .p(acc)
+            .i(n)
+            .i(top_k)
+            .i(lay.width)
+            .go()?;
+        let routed = match &m.latent {
+            Some((_, norm, up)) => {
+                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
+                self.mm(a, up, acc, n)?
+            }
+            None => acc,
+        };
+        let out = self.mlp(a, &m.shared, x, n)?;
+        self.add(out, routed, n * self.cfg.hidden)?;
+        Ok(out)
+    }
+
+    /// Copies host values into the pass's scratch (asynchronously; the host copy lives until the pass ends).
+    fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
+        let bytes = std::mem::size_of_val(v);
+        let mut raw = vec![0u8; bytes];
+        // SAFETY: plain values copied byte for byte.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, raw.as_mut_ptr(), bytes) };
+        let dst = a.take(bytes.max(4))?;
+        self.gpu.htod_async(dst, &raw)?;
+        // SAFETY of the async copy: `keep` holds the bytes until the pass synchronises.
+        let keep = &a.keep as *const Vec<Vec<u8>> as *mut Vec<Vec<u8>>;
+        // SAFETY: the arena is locked by this pass; nothing else reads `keep` meanwhile.
+        unsafe { (*keep).push(raw) };
+        Ok(dst)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_experts(
+        &self,
+        a: &Arena,
+        group: &[(usize, u64)],
+        rows_of: &[Vec<usize>],
+        entry_of: &[usize],
+        z: u64,
+        act: u64,
+        y: u64,
+    ) -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let lay = &self.layout;
+        let slots: Vec<u64> = group.iter().map(|g| g.1).collect();
+        let mut row_off = Vec::with_capacity(group.len() + 1);
+        let mut rows: Vec<i32> = Vec::new();
+        // Entries of this group are consecutive in execution order.
+        let first = entry_of[group[0].0];
+        for &(u, _) in group {
+            row_off.push((entry_of[u] - first) as i32);
+            rows.extend(rows_of[u].iter().map(|&t| t as i32));
+        }
+        row_off.push(rows.len() as i32);
+        let slots_dev = self.stage(a, &slots)?;
+        let off_dev = self.stage(a, &row_off)?;
+        let rows_dev = self.stage(a, &rows)?;
+        let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
+        let g = group.len() as u32;
+        Launch::new(&self.gpu, "expert_up", (lay.inter.div_ceil(WARPS as usize) as u32, g), 32 * WARPS, 0)
+            .p(slots_dev)
+            .p(off_dev)
+            .p(rows_dev)
+            .p(z)
+            .p(act + (4 * first * lay.inter) as u64)
+            .i(lay.width)
+            .i(lay.inter)
+            .i(enc)
+            .i(act_kind)
+            .parts(lay.parts)
+            .go()?;
+        Launch::new(&self.gpu, "expert_down", (lay.width.div_ceil(WARPS as usize) as u32, g), 32 * WARPS, 0)
+            .p(slots_dev)
+            .p(off_dev)
+            .p(act + (4 * first * lay.inter) as u64)
+            .p(y + (4 * first * lay.width) as u64)
+            .i(lay.width)
+            .i(lay.inter)
+            .i(enc)
+            .parts(lay.parts)
+            .go()
+    }
+}
+
+fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Lin> {
+    let l = ld.linear(name, rows, cols)?;
+    Ok(Lin { buf: gpu.upload(&l.data)?, rows, cols })
+}
+
+/// The CPU path's expert store over the checkpoint's shards or a pack: the RAM cache and the disk below VRAM.
+fn open_store(dir: &Path, cfg: &ModelConfig, load: &LoadOptions) -> Result<(Arc<ExpertStore>, RecordLayout)> {
+    let layout = RecordLayout::new(cfg);
+    let mut opts: StoreOptions = load.store.clone();
+    opts.working_slots = opts.working_slots.max(2 * cfg.moe.top_k);
+    // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
+    opts.prefetch = false;
+    let (files, layers, origin) = match &load.pack {
+        None => {
+            let (paths, layers, record_len) = deltafin_models::expert_sources(dir)?;
+            if record_len != layout.len {
+                bail!("expert records are {record_len} bytes; the CUDA layout expects {}", layout.len);
+            }
+            (paths.into_iter().map(|p| (p, 0)).collect::<Vec<_>>(), layers, format!("checkpoint {}", dir.display()))
+        }
+        Some(pack) => {
+            let manifest = deltafin_store::pack::open_pack(pack, &deltafin_models::model_identity(dir)?)?;
+            if manifest.record_len != layout.len {
+                bail!("the pack at {} has {}-byte records; this model's are {}", pack.display(), manifest.record_len, layout.len);
+            }
+            let (files, layers) = manifest.records(cfg.num_layers)?;
+            (files, layers, format!("pack {}", pack.display()))
+        }
+    };
+    let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
+    Ok((Arc::new(store), layout))
+}
+
+/// noaux_tc selection from one row of router logits, as `deltafin_models::moe::Router::route` does it (the
+/// CPU router computes its logits itself, so its selection step is not callable on logits alone).
+pub fn select_experts(logits: &[f32], bias: &[f32], top_k: usize, renormalize: bool, scale: f32) -> Route {
+    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    let choice = |i: usize| scores[i] + bias[i];
+    order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
+    let mut ids = order[..top_k].to_vec();
+    ids.sort_unstable();
+    let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
+    let denom = if renormalize { picked.iter().sum::<f32>() + 1e-20 } else { 1.0 };
+    let weights = picked.iter().map(|s| s / denom * scale).collect();
+    Route { ids, weights }
+}
