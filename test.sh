@@ -12,4 +12,11 @@ if ! python3 -c "import openai" 2>/dev/null; then
   python3 -m pip install --quiet openai
 fi
 
+# The CUDA kernels are compiled by NVRTC in a test (no GPU needed); the library comes from PyPI.
+NVRTC_DIR=target/nvrtc
+if [ ! -e "$NVRTC_DIR/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+  python3 -m pip install --quiet --target "$NVRTC_DIR" "nvidia-cuda-nvrtc==13.0.*"
+fi
+export LD_LIBRARY_PATH="$PWD/$NVRTC_DIR/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 cargo test --workspace --release --locked "$@"

@@ -43,6 +43,7 @@ from k3model import rms, route  # noqa: E402
 from train import load_split, windows  # noqa: E402
 
 SEQ = 256
+TOL = 1e-4
 
 
 def row_rel(a, b):
@@ -67,9 +68,27 @@ def engine_logits(engine, model_dir, ids, max_new=1, threads=None):
         return np.load(out), gen
 
 
+def min_margin(model, x, row=None):
+    """(layer, gap) of the smallest float64 gap between the k-th and (k+1)-th selection score
+    (sigmoid + correction bias) over the MoE layers, at `row` or over all rows."""
+    stats = []
+    with torch.no_grad():
+        model(x, stats=stats)
+        best = (None, float("inf"))
+        for L, moe in model.moe_layers():
+            g = moe.gate
+            s = torch.sigmoid(stats[L]["router_in"][0] @ g.weight.t()) + g.e_score_correction_bias
+            srt = torch.sort(s, -1, descending=True).values
+            gap = srt[:, model.cfg.top_k - 1] - srt[:, model.cfg.top_k]
+            gap = float(gap[row] if row is not None else gap.min())
+            if gap < best[1]:
+                best = (L, gap)
+    return best
+
+
 def agreement(engine, model_dir, model, wins, label):
     """Teacher-forced logits on every window from both; returns the numbers."""
-    rels, greedy_same, n_eng, n_torch, rows = [], 0, 0.0, 0.0, 0
+    rels, greedy_same, n_eng, n_torch, rows, flips = [], 0, 0.0, 0.0, 0, []
     t_eng = t_torch = 0.0
     for w in wins:
         ids, targets = w[:-1].tolist(), w[1:].numpy()
@@ -81,7 +100,13 @@ def agreement(engine, model_dir, model, wins, label):
         with torch.no_grad():
             ref = model(w[None, :-1])[0].numpy()
         t_torch += time.time() - t0
-        rels.append(row_rel(eng, ref))
+        r = row_rel(eng, ref)
+        rels.append(r)
+        if r.max() > TOL:
+            first = int(np.argmax(r > TOL))
+            layer, margin = min_margin(model, w[None, :-1], first)
+            flips.append({"window": len(rels) - 1, "first_row": first, "rows_over_tol": int((r > TOL).sum()),
+                          "smallest_topk_margin_at_first_row": margin, "layer": layer})
         greedy_same += int((eng.argmax(-1) == ref.argmax(-1)).sum())
         n_eng += nll(eng, targets).sum()
         n_torch += nll(ref, targets).sum()
@@ -89,13 +114,28 @@ def agreement(engine, model_dir, model, wins, label):
     rels = np.concatenate(rels)
     res = {"windows": len(wins), "tokens_scored": rows, "rel_max": float(rels.max()),
            "rel_median": float(np.median(rels)), "rel_p99": float(np.quantile(rels, 0.99)),
+           "rows_over_tol": int((rels > TOL).sum()), "tol": TOL, "windows_over_tol": flips,
            "greedy_argmax_equal": greedy_same / rows,
            "ppl_engine": math.exp(n_eng / rows), "ppl_torch_float64": math.exp(n_torch / rows),
            "engine_seconds": round(t_eng, 1), "torch_seconds": round(t_torch, 1)}
+    for f in flips:
+        print(f"[{label}] window {f['window']}: {f['rows_over_tol']} rows over {TOL:g} from row {f['first_row']}, "
+              f"where layer {f['layer']}'s top-k margin is {f['smallest_topk_margin_at_first_row']:.1e} (float64)")
     print(f"[{label}] {rows} held-out tokens: engine vs torch rel max {res['rel_max']:.2e} "
           f"(median {res['rel_median']:.1e}); argmax equal {res['greedy_argmax_equal']:.4f}; "
           f"ppl engine {res['ppl_engine']:.3f} torch {res['ppl_torch_float64']:.3f}", flush=True)
     return res
+
+
+def engine_ppl(engine, model_dir, wins, label):
+    """deltafin's perplexity over every window (teacher forced, fresh state per window)."""
+    total, n, t0 = 0.0, 0, time.time()
+    for w in wins:
+        eng, _ = engine_logits(engine, model_dir, w[:-1].tolist())
+        total += nll(eng[: len(w) - 1], w[1:].numpy()).sum()
+        n += len(w) - 1
+    print(f"[{label}] deltafin perplexity over {n} test tokens: {math.exp(total / n):.3f}", flush=True)
+    return {"tokens": n, "ppl": math.exp(total / n), "nats": total / n, "seconds": round(time.time() - t0, 1)}
 
 
 def golden(engine, model_dir, model, prompt, n_new, out_prefix):
@@ -112,6 +152,14 @@ def golden(engine, model_dir, model, prompt, n_new, out_prefix):
         json.dump({"model": os.path.relpath(model_dir, ROOT), "prompt_ids": list(prompt), "generated_ids": gen,
                    "rows": "row r < P: after prompt[0..=r]; row P-1+j (j >= 1): after generated[j-1]",
                    "source": "tools/train/analyze.py, PyTorch float64 on the exported checkpoint"}, f)
+        f.write("\n")
+    layer, margin = min_margin(model, torch.tensor([ids[:-1]]))
+    with open(out_prefix + ".json") as f:
+        meta = json.load(f)
+    meta["smallest_topk_margin"] = {"layer": layer, "gap": margin,
+                                    "why": "a gap near fp32 resolution could flip routing between engines"}
+    with open(out_prefix + ".json", "w") as f:
+        json.dump(meta, f)
         f.write("\n")
     eng, eng_gen = engine_logits(engine, model_dir, prompt, max_new=n_new)
     eng_rows = np.concatenate([eng[:P], eng[P + 1 :]])
@@ -208,6 +256,7 @@ def main():
     ap.add_argument("--target", default=os.path.join(ROOT, "models", "shakespeare-k3"))
     ap.add_argument("--drafter", default=os.path.join(ROOT, "models", "shakespeare-k3-drafter"))
     ap.add_argument("--windows", type=int, default=260, help="test windows for agreement and perplexity")
+    ap.add_argument("--ppl-windows", type=int, default=260, help="test windows for deltafin's perplexity")
     ap.add_argument("--routing-windows", type=int, default=260)
     ap.add_argument("--trace-windows", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "models"))
@@ -225,6 +274,11 @@ def main():
     if drafter is not None:
         res["golden_drafter"] = golden(args.engine, args.drafter, drafter, prompt, 16,
                                        os.path.join(gdir, "shakespeare-k3-drafter"))
+    for name, d in (("target", args.target), ("drafter", args.drafter)):
+        if os.path.exists(d):
+            res[f"engine_ppl_{name}"] = engine_ppl(args.engine, d, wins[: args.ppl_windows], name)
+            with open(os.path.join(d, "train_log.json")) as f:
+                res[f"engine_ppl_{name}"]["torch_float64_gpu_same_windows"] = json.load(f)["ppl"]["test_exported_float64"]
     res["agreement_target"] = agreement(args.engine, args.target, target, wins[: args.windows], "target")
     if drafter is not None:
         res["agreement_drafter"] = agreement(args.engine, args.drafter, drafter, wins[: args.windows], "drafter")

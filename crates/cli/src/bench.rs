@@ -61,8 +61,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let dir = cache.join("kimi_k3-bench-seed0");
     if !dir.join("config.json").exists() {
-        eprintln!("creating the bench model (about 10 GB) in {} ...", dir.display());
-        crate::create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ()))?;
+        eprintln!(
+            "creating the bench model (about 10 GB) in {} ...",
+            dir.display()
+        );
+        crate::create_atomically(&dir, |tmp| {
+            make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ())
+        })?;
     }
     // The drive, measured through the engine's read path on the model's own largest shard — before every
     // configuration, since a shared virtual disk's speed drifts; the median is the bound.
@@ -74,13 +79,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
 
     let budget = parse_size(&a.budget)?;
     let mut configs = Vec::new();
-    for (name, cache_bytes, prefetch) in
-        [("cold, lookahead off", 0, false), ("cold, lookahead on", 0, true), ("budget, lookahead on", budget, true)]
-    {
+    for (name, cache_bytes, prefetch) in [
+        ("cold, lookahead off", 0, false),
+        ("cold, lookahead on", 0, true),
+        ("budget, lookahead on", budget, true),
+    ] {
         probes.push(measure()?.gbps());
         let mut steps = Vec::new();
         for run in 0..a.runs {
-            let mut store = StoreArgs { expert_cache: Some(cache_bytes.to_string()), ..StoreArgs::default() };
+            let mut store = StoreArgs {
+                expert_cache: Some(cache_bytes.to_string()),
+                ..StoreArgs::default()
+            };
             store.no_prefetch = !prefetch;
             let model = Model::load_with(&dir, &store.load_options()?)?;
             steps.extend(decode_steps(&model, a.tokens, run as u32)?);
@@ -88,8 +98,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         configs.push((name, cache_bytes, prefetch, steps));
     }
     let disk_gbps = median(probes.clone());
-    let configs: Vec<_> =
-        configs.into_iter().map(|(n, c, p, steps)| (n, c, p, summarize(&steps, disk_gbps))).collect();
+    let configs: Vec<_> = configs
+        .into_iter()
+        .map(|(n, c, p, steps)| (n, c, p, summarize(&steps, disk_gbps)))
+        .collect();
 
     if a.json {
         let out = json!({
@@ -124,7 +136,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         );
         println!(
             "{:<22} {:>8} {:>8} {:>10} {:>9} {:>7} {:>8} {:>8} {:>6} {:>6}",
-            "config", "tok/s", "step s", "MB/token", "read GB/s", "hit %", "t_io s", "t_comp s", "eff", "busy"
+            "config",
+            "tok/s",
+            "step s",
+            "MB/token",
+            "read GB/s",
+            "hit %",
+            "t_io s",
+            "t_comp s",
+            "eff",
+            "busy"
         );
         for (name, _, _, s) in &configs {
             println!(
@@ -141,7 +162,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 s.busy
             );
         }
-        println!("(medians over {} decode steps per config; read GB/s = bytes read / step time)", a.runs * a.tokens);
+        println!(
+            "(medians over {} decode steps per config; read GB/s = bytes read / step time)",
+            a.runs * a.tokens
+        );
     }
     Ok(())
 }
@@ -197,21 +221,34 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn summarize(steps: &[Step], disk_gbps: f64) -> Summary {
     let step = median(steps.iter().map(|s| s.secs).collect());
-    let t_io = median(steps.iter().map(|s| s.bytes as f64 / (disk_gbps * 1e9)).collect());
+    let t_io = median(
+        steps
+            .iter()
+            .map(|s| s.bytes as f64 / (disk_gbps * 1e9))
+            .collect(),
+    );
     let t_compute = median(steps.iter().map(|s| (s.secs - s.wait).max(0.0)).collect());
     Summary {
         busy: median(steps.iter().map(|s| s.busy / s.secs).collect()),
         step,
         tok_per_s: 1.0 / step,
         bytes: median(steps.iter().map(|s| s.bytes as f64).collect()),
-        read_gbps: median(steps.iter().map(|s| s.bytes as f64 / s.secs / 1e9).collect()),
-        hit_rate: steps.iter().map(|s| s.hits).sum::<u64>() as f64 / steps.iter().map(|s| s.requests).sum::<u64>().max(1) as f64,
+        read_gbps: median(
+            steps
+                .iter()
+                .map(|s| s.bytes as f64 / s.secs / 1e9)
+                .collect(),
+        ),
+        hit_rate: steps.iter().map(|s| s.hits).sum::<u64>() as f64
+            / steps.iter().map(|s| s.requests).sum::<u64>().max(1) as f64,
         t_io,
         t_compute,
         efficiency: median(
             steps
                 .iter()
-                .map(|s| (s.bytes as f64 / (disk_gbps * 1e9)).max((s.secs - s.wait).max(0.0)) / s.secs)
+                .map(|s| {
+                    (s.bytes as f64 / (disk_gbps * 1e9)).max((s.secs - s.wait).max(0.0)) / s.secs
+                })
                 .collect(),
         ),
     }
@@ -237,14 +274,23 @@ fn dd_direct(file: &Path) -> Option<f64> {
     // "... bytes (...) copied, 1.23 s, 870 MB/s"
     let line = text.lines().find(|l| l.contains("copied"))?;
     let bytes: f64 = line.split_whitespace().next()?.parse().ok()?;
-    let secs: f64 = line.split(", ").find(|p| p.ends_with(" s"))?.trim_end_matches(" s").parse().ok()?;
+    let secs: f64 = line
+        .split(", ")
+        .find(|p| p.ends_with(" s"))?
+        .trim_end_matches(" s")
+        .parse()
+        .ok()?;
     Some(bytes / secs / 1e9)
 }
 
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     format!(
         "{cpu}, {} threads, {:.0} GiB RAM, kernels {}",
@@ -258,9 +304,14 @@ fn machine() -> String {
 fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     let dir = cache.join("kimi_k3-small-seed0");
     if !dir.join("config.json").exists() {
-        crate::create_atomically(&dir, |tmp| make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ()))?;
+        crate::create_atomically(&dir, |tmp| {
+            make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
+        })?;
     }
-    let store = StoreArgs { expert_cache: Some("4G".into()), ..StoreArgs::default() };
+    let store = StoreArgs {
+        expert_cache: Some("4G".into()),
+        ..StoreArgs::default()
+    };
     let model = Model::load_with(&dir, &store.load_options()?)?;
     let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
     let run = |stats: &Stats| -> Result<(f64, f64)> {
@@ -271,7 +322,12 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         let mut next = deltafin_engine::sampler::argmax(&logits);
         let t1 = Instant::now();
         for _ in 0..a.tokens {
-            next = deltafin_engine::sampler::argmax(&model.forward(&mut s, &[next], LogitRows::Last, stats)?);
+            next = deltafin_engine::sampler::argmax(&model.forward(
+                &mut s,
+                &[next],
+                LogitRows::Last,
+                stats,
+            )?);
         }
         Ok((prefill, t1.elapsed().as_secs_f64() / a.tokens as f64))
     };
@@ -292,7 +348,10 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     let prefill = median(prefills);
     let bound = (spine as f64 + expert_per_token) / bw;
     println!("machine: {}", machine());
-    println!("memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)", bw / 1e9);
+    println!(
+        "memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)",
+        bw / 1e9
+    );
     println!(
         "prefill: {:.1} tok/s ({} tokens in {:.3}s)",
         prompt.len() as f64 / prefill,
@@ -309,7 +368,12 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         bound * 1e3,
         bound / step
     );
-    println!("(medians over {} runs of a {}-token prefill and {} decode steps)", a.runs, prompt.len(), a.tokens);
+    println!(
+        "(medians over {} runs of a {}-token prefill and {} decode steps)",
+        a.runs,
+        prompt.len(),
+        a.tokens
+    );
     Ok(())
 }
 
@@ -320,7 +384,10 @@ fn memory_bandwidth() -> f64 {
     let mut runs: Vec<f64> = (0..5)
         .map(|_| {
             let t0 = Instant::now();
-            let sum: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a ^ x)).reduce(|| 0, |a, b| a ^ b);
+            let sum: u64 = buf
+                .par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u64, |a, &x| a ^ x))
+                .reduce(|| 0, |a, b| a ^ b);
             std::hint::black_box(sum);
             (buf.len() * 8) as f64 / t0.elapsed().as_secs_f64()
         })

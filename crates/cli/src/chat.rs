@@ -299,7 +299,6 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
             let step = decoder
                 .push(token)
-                .map_err(anyhow::Error::from)
                 .and_then(|text| Ok(printer.print(&mut out, parser.push(&text))?));
             match step {
                 Ok(()) => Flow::Continue,

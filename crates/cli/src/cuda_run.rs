@@ -35,7 +35,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     let t_load = Instant::now();
     let opts = CudaOptions {
         ordinal,
-        expert_vram: dev.expert_vram.as_deref().map(crate::store_args::parse_size).transpose()?,
+        expert_vram: dev
+            .expert_vram
+            .as_deref()
+            .map(crate::store_args::parse_size)
+            .transpose()?,
     };
     let model = CudaModel::load(dir, load, &opts).context("--device cuda")?;
     let load_secs = t_load.elapsed().as_secs_f64();
@@ -60,19 +64,29 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         let g = model.gpu();
         let h2d = deltafin_cuda::probe::h2d_pinned(g, 256 << 20, 5)?;
         let d2d = deltafin_cuda::probe::d2d(g, 1 << 30, 5)?;
-        eprintln!("[probe] pinned host->device {h2d:.1} GB/s; device->device {d2d:.1} GB/s (read+write)");
+        eprintln!(
+            "[probe] pinned host->device {h2d:.1} GB/s; device->device {d2d:.1} GB/s (read+write)"
+        );
     }
     let stats = Stats::default();
     let vocab = cfg.vocab_size;
     let dump = args.dump_logits.is_some();
     let mut session = model.new_session()?;
     let t0 = Instant::now();
-    let rows = if dump { LogitRows::All } else { LogitRows::Last };
+    let rows = if dump {
+        LogitRows::All
+    } else {
+        LogitRows::Last
+    };
     let logits = model.forward(&mut session, &prompt, rows, &stats)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
     let mut dumped = if dump { logits.clone() } else { Vec::new() };
     let mut last = logits[logits.len() - vocab..].to_vec();
-    let stop: Vec<u32> = if args.ignore_eos { vec![] } else { cfg.eos_token_id.into_iter().collect() };
+    let stop: Vec<u32> = if args.ignore_eos {
+        vec![]
+    } else {
+        cfg.eos_token_id.into_iter().collect()
+    };
     let mut tokens = Vec::new();
     let mut step_secs = Vec::new();
     let mut step_h2d = Vec::new();

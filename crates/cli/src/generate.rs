@@ -61,10 +61,23 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         prompt,
         max_new: args.max_new,
         stop_ids,
-        sampling: SamplingParams::default(),
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
         prompt_logits: args.dump_logits.is_some(),
     };
-    let stats = Stats::default();
+    let stats = if args.events.is_some() {
+        Stats::with_routes()
+    } else {
+        Stats::default()
+    };
+    let mut events = match &args.events {
+        Some(path) => Some(crate::report::Events::create(path, &model)?),
+        None => None,
+    };
     let mut out = std::io::stdout().lock();
     let mut chosen_logits: Vec<f32> = Vec::new();
     let mut decoder = tokenizer.as_ref().map(StreamDecoder::new);
@@ -74,6 +87,12 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let prefill = progress::prefill_spinner(req.prompt.len());
     let output = generate(&model, &req, &stats, |token, logits| {
         prefill.finish_and_clear();
+        if let Some(ev) = &mut events {
+            if let Err(e) = ev.token(&model, &stats, token) {
+                failure = Some(e);
+                return Flow::Stop;
+            }
+        }
         if args.dump_logits.is_some() {
             chosen_logits.extend_from_slice(logits);
         }

@@ -1,8 +1,9 @@
 //! `deltafin`: run mixture-of-experts models far larger than memory, exactly.
 
 mod bench;
-mod cuda_run;
 mod chat;
+mod cuda_run;
+mod demo;
 mod doctor;
 mod generate;
 mod progress;
@@ -40,8 +41,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Check this machine (CPU features, memory, disk bandwidth) and a model directory's health.
     Doctor(doctor::DoctorArgs),
-    /// Create the built-in `small` K3 model once (in the cache directory) and generate from it.
-    Demo(DemoArgs),
+    /// The main job: unpack the built-in trained K3-architecture model once and generate from it.
+    Demo(demo::DemoArgs),
     /// Write a seeded random checkpoint in the exact Kimi K3 / Kimi Linear on-disk layout.
     MakeModel(MakeModelArgs),
     /// Build an expert pack: one aligned record per expert, striped over one directory per drive.
@@ -53,7 +54,15 @@ enum Command {
     /// Decode benchmark on an I/O-shaped K3 (about 10 GB, created once): tok/s, bytes, hit rate, efficiency.
     Bench(bench::BenchArgs),
     /// OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
-    Serve(deltafin_server::ServeArgs),
+    Serve(ServeCmd),
+}
+
+#[derive(Args)]
+struct ServeCmd {
+    #[command(flatten)]
+    serve: deltafin_server::ServeArgs,
+    #[command(flatten)]
+    store: store_args::StoreArgs,
 }
 
 #[derive(Args)]
@@ -110,22 +119,15 @@ struct GenArgs {
     /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).
     #[arg(long)]
     stats: bool,
-}
-
-#[derive(Args)]
-struct DemoArgs {
-    /// Where the demo model is created and kept (default: $DELTAFIN_CACHE, else ~/.cache/deltafin).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Prompt text.
-    #[arg(
-        long,
-        default_value = "The expert store streams weights from the drive"
-    )]
-    prompt: String,
-    /// Number of tokens to generate.
-    #[arg(long, default_value_t = 48)]
-    max_new: usize,
+    /// Sampling temperature; 0 is greedy (argmax, lowest id on ties). Sampling never changes which experts run.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches this.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampler: the same seed and request give the same tokens.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -173,8 +175,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::DiskProbe(a) => store_cmds::disk_probe(a),
         Command::Bench(a) => bench::bench(a),
         Command::CacheSim(a) => store_cmds::cache_sim(a),
-        Command::Serve(a) => deltafin_server::run(a),
-        Command::Demo(a) => demo(a),
+        Command::Serve(a) => deltafin_server::run(a.serve, &a.store.load_options()?),
+        Command::Demo(a) => demo::run(a),
         Command::MakeModel(a) => {
             if a.out.join("config.json").exists() {
                 bail!(
@@ -189,39 +191,6 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
-}
-
-fn demo(a: DemoArgs) -> Result<()> {
-    let cache = match a.cache_dir {
-        Some(d) => d,
-        None => default_cache_dir()?,
-    };
-    let dir = cache.join("kimi_k3-small-seed0");
-    if !dir.join("config.json").exists() {
-        eprintln!(
-            "creating the demo model (kimi_k3, small preset) in {} ...",
-            dir.display()
-        );
-        progress::while_busy("writing the demo model", || {
-            create_atomically(&dir, |tmp| {
-                make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
-            })
-        })?;
-    }
-    let gen = GenArgs {
-        prompt: Some(a.prompt),
-        prompt_ids: None,
-        max_new: a.max_new,
-        ignore_eos: false,
-        dump_logits: None,
-        print_ids: false,
-        events: None,
-        chat: false,
-        system: None,
-        effort: None,
-        stats: true,
-    };
-    generate::run(&dir, &gen, &store_args::StoreArgs::default().load_options()?)
 }
 
 fn default_cache_dir() -> Result<PathBuf> {

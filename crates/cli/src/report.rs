@@ -9,7 +9,13 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-pub fn stats_line(model: &Model, stats: &Stats, n_prompt: usize, out: &Output, load_secs: f64) -> String {
+pub fn stats_line(
+    model: &Model,
+    stats: &Stats,
+    n_prompt: usize,
+    out: &Output,
+    load_secs: f64,
+) -> String {
     let store = model.store().snapshot();
     // Decode passes: one per generated token after the first (the first comes from the prefill's logits).
     let steps = out.tokens.len().saturating_sub(1);
@@ -19,7 +25,13 @@ pub fn stats_line(model: &Model, stats: &Stats, n_prompt: usize, out: &Output, l
         .iter()
         .enumerate()
         .filter(|(_, p)| p.predicted > 0)
-        .map(|(l, p)| format!("{l}:{:.0}/{:.0}%", 100.0 * p.precision(), 100.0 * p.recall()))
+        .map(|(l, p)| {
+            format!(
+                "{l}:{:.0}/{:.0}%",
+                100.0 * p.precision(),
+                100.0 * p.recall()
+            )
+        })
         .collect();
     format!(
         "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) | cache hits {:.1}% | I/O wait {:.3}s | lookahead precision/recall by layer {} | kernels {}",
@@ -54,7 +66,8 @@ pub struct Events {
 
 impl Events {
     pub fn create(path: &Path, model: &Model) -> Result<Events> {
-        let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Events {
             file: std::io::BufWriter::new(file),
             last: model.store().snapshot(),
@@ -68,9 +81,16 @@ impl Events {
         let now = model.store().snapshot();
         let d = now.since(&self.last);
         let layers = stats.layer_secs();
-        let layer_secs: Vec<f64> =
-            layers.iter().enumerate().map(|(l, t)| t - self.last_layers.get(l).copied().unwrap_or(0.0)).collect();
-        let routes: Vec<_> = stats.take_routes().into_iter().map(|(l, ids)| json!([l, ids])).collect();
+        let layer_secs: Vec<f64> = layers
+            .iter()
+            .enumerate()
+            .map(|(l, t)| t - self.last_layers.get(l).copied().unwrap_or(0.0))
+            .collect();
+        let routes: Vec<_> = stats
+            .take_routes()
+            .into_iter()
+            .map(|(l, ids)| json!([l, ids]))
+            .collect();
         let line = json!({
             "index": self.index,
             "pass": if self.index == 0 { "prefill" } else { "decode" },

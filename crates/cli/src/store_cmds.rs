@@ -70,17 +70,29 @@ pub fn pack(a: PackArgs) -> Result<()> {
         bail!("{} has no routed experts to pack", a.model.display());
     }
     let bar = ProgressBar::new(total as u64);
-    bar.set_style(ProgressStyle::with_template("packing {bar:40} {pos}/{len} experts ({eta} left)").unwrap());
-    let m = pack::write_pack(&sources, &layers, record_len, &identity, &a.outs, &weights, &mut |done, _| {
-        bar.set_position(done as u64)
-    })?;
+    bar.set_style(
+        ProgressStyle::with_template("packing {bar:40} {pos}/{len} experts ({eta} left)").unwrap(),
+    );
+    let m = pack::write_pack(
+        &sources,
+        &layers,
+        record_len,
+        &identity,
+        &a.outs,
+        &weights,
+        &mut |done, _| bar.set_position(done as u64),
+    )?;
     bar.finish_and_clear();
     println!(
         "packed {} experts of {} bytes into {} stripe(s): {}",
         m.records.len(),
         m.record_len,
         m.stripes.len(),
-        m.stripes.iter().map(|s| s.display().to_string()).collect::<Vec<_>>().join(", ")
+        m.stripes
+            .iter()
+            .map(|s| s.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(())
 }
@@ -98,7 +110,11 @@ pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
         "uring" => &["uring"],
         _ => &["pool"],
     };
-    for (&w, &engine) in a.workers.iter().flat_map(|w| engines.iter().map(move |e| (w, e))) {
+    for (&w, &engine) in a
+        .workers
+        .iter()
+        .flat_map(|w| engines.iter().map(move |e| (w, e)))
+    {
         probe::drop_cache(&file);
         let r = if engine == "uring" {
             probe::probe_uring(&file, size, a.record, chunk, w.max(1), !a.buffered_io)?
@@ -134,8 +150,13 @@ pub struct CacheSimArgs {
 pub fn cache_sim(a: CacheSimArgs) -> Result<()> {
     let mut passes: Vec<Vec<(usize, usize)>> = Vec::new();
     for path in &a.traces {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let v: serde_json::Value = serde_json::from_str(line)
                 .with_context(|| format!("{}:{}: not a JSON line", path.display(), n + 1))?;
             let routes = v["routes"]
@@ -145,10 +166,17 @@ pub fn cache_sim(a: CacheSimArgs) -> Result<()> {
             let mut keys: Vec<(usize, usize)> = Vec::new();
             for r in routes {
                 let (Some(layer), Some(ids)) = (r[0].as_u64(), r[1].as_array()) else {
-                    bail!("{}:{}: a route must be [layer, [ids]]", path.display(), n + 1);
+                    bail!(
+                        "{}:{}: a route must be [layer, [ids]]",
+                        path.display(),
+                        n + 1
+                    );
                 };
                 for id in ids {
-                    let key = (layer as usize, id.as_u64().context("expert ids must be integers")? as usize);
+                    let key = (
+                        layer as usize,
+                        id.as_u64().context("expert ids must be integers")? as usize,
+                    );
                     if !keys.contains(&key) {
                         keys.push(key);
                     }
@@ -163,14 +191,23 @@ pub fn cache_sim(a: CacheSimArgs) -> Result<()> {
     for &cap in &a.capacity {
         let rates: Vec<String> = ["lru", "lfu", "blend"]
             .iter()
-            .map(|p| format!("{:>7.1}%", 100.0 * simulate(&passes, cap, p.parse().expect("known policy"))))
+            .map(|p| {
+                format!(
+                    "{:>7.1}%",
+                    100.0 * simulate(&passes, cap, p.parse().expect("known policy"))
+                )
+            })
             .collect();
         println!("{cap:>9} {}", rates.join(" "));
     }
     Ok(())
 }
 
-fn simulate(passes: &[Vec<(usize, usize)>], capacity: usize, policy: deltafin_store::policy::Policy) -> f64 {
+fn simulate(
+    passes: &[Vec<(usize, usize)>],
+    capacity: usize,
+    policy: deltafin_store::policy::Policy,
+) -> f64 {
     let mut state = deltafin_store::policy::State::new(policy);
     let mut slots: Vec<(usize, usize)> = Vec::new();
     let (mut hits, mut total) = (0usize, 0usize);

@@ -281,10 +281,6 @@ impl Repl {
         }
     }
 
-    fn prompts(&self) -> usize {
-        self.stderr.lock().unwrap().matches("> ").count()
-    }
-
     fn exit_code(mut self) -> Option<i32> {
         let t0 = Instant::now();
         loop {
@@ -298,6 +294,19 @@ impl Repl {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+impl Drop for Repl {
+    /// A failed test never leaves the REPL running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How many times the REPL has asked for input.
+fn prompts(stderr: &str) -> usize {
+    stderr.matches("> ").count()
 }
 
 /// The prefill token counts of the `[stats]` lines so far.
@@ -321,7 +330,7 @@ fn chat_session_streams_keeps_history_resets_and_exits() {
     repl.wait_for("reply 1", |out, err| {
         out.ends_with('\n') && prefills(err).len() == 1
     });
-    repl.wait_for("prompt 2", |_, _| repl.prompts() == 2);
+    repl.wait_for("prompt 2", |_, err| prompts(err) == 2);
     repl.send("hello");
     repl.wait_for("reply 2", |_, err| prefills(err).len() == 2);
     repl.send("/reset");
@@ -364,8 +373,10 @@ fn chat_ends_at_end_of_input() {
     repl.send("hi");
     // Closing stdin is what Ctrl-D does on a terminal.
     repl.stdin = None;
+    let stdout = repl.stdout.clone();
     assert_eq!(repl.exit_code(), Some(0));
-    assert_eq!(repl.stdout.lock().unwrap().lines().count(), 1);
+    std::thread::sleep(Duration::from_millis(100)); // let the reader thread take the last bytes
+    assert_eq!(stdout.lock().unwrap().lines().count(), 1);
 }
 
 fn interrupt(repl: &Repl) {
@@ -387,7 +398,7 @@ fn ctrl_c_stops_the_reply_not_the_program() {
     repl.wait_for("streamed text", |out, _| out.len() > 64);
     interrupt(&repl);
     repl.wait_for("the stop", |_, err| err.contains("[stopped]"));
-    repl.wait_for("the next prompt", |_, _| repl.prompts() == 2);
+    repl.wait_for("the next prompt", |_, err| prompts(err) == 2);
     repl.send("/exit");
     assert_eq!(repl.exit_code(), Some(0));
 

@@ -15,19 +15,30 @@ fn logits(dir: &Path, opts: &LoadOptions) -> Vec<u32> {
     let model = Model::load_with(dir, opts).unwrap();
     let stats = Stats::default();
     let mut s = model.new_session();
-    let mut all = model.forward(&mut s, &PROMPT, LogitRows::All, &stats).unwrap();
+    let mut all = model
+        .forward(&mut s, &PROMPT, LogitRows::All, &stats)
+        .unwrap();
     let vocab = model.config().vocab_size;
     for _ in 0..5 {
         let last: Vec<f64> = all[all.len() - vocab..].iter().map(|&x| x as f64).collect();
         let next = argmax(&last);
-        all.extend(model.forward(&mut s, &[next], LogitRows::Last, &stats).unwrap());
+        all.extend(
+            model
+                .forward(&mut s, &[next], LogitRows::Last, &stats)
+                .unwrap(),
+        );
     }
     all.iter().map(|x| x.to_bits()).collect()
 }
 
 fn opts(cache_bytes: u64, prefetch: bool, direct_io: bool, pack: Option<PathBuf>) -> LoadOptions {
     LoadOptions {
-        store: StoreOptions { cache_bytes, prefetch, direct_io, ..StoreOptions::default() },
+        store: StoreOptions {
+            cache_bytes,
+            prefetch,
+            direct_io,
+            ..StoreOptions::default()
+        },
         pack,
         memory_budget: None,
     }
@@ -40,17 +51,43 @@ fn a_memory_budget_streams_spine_layers_with_identical_logits() {
         let m = model_dir(&t);
         let reference = logits(&m, &opts(0, false, false, None));
         // Just above the floor (globals + expert slab + two streamed layers): most layers must stream.
-        let err = Model::load_with(&m, &LoadOptions { memory_budget: Some(1), ..opts(0, false, false, None) })
-            .err()
-            .unwrap();
+        let err = Model::load_with(
+            &m,
+            &LoadOptions {
+                memory_budget: Some(1),
+                ..opts(0, false, false, None)
+            },
+        )
+        .err()
+        .unwrap();
         let msg = format!("{err:#}");
-        assert!(msg.contains("--memory-budget") && msg.contains("too small"), "{msg}");
-        let floor: u64 = msg.split("needs at least ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
-        let tight = LoadOptions { memory_budget: Some(floor + 1), ..opts(0, true, false, None) };
+        assert!(
+            msg.contains("--memory-budget") && msg.contains("too small"),
+            "{msg}"
+        );
+        let floor: u64 = msg
+            .split("needs at least ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let tight = LoadOptions {
+            memory_budget: Some(floor + 1),
+            ..opts(0, true, false, None)
+        };
         let model = Model::load_with(&m, &tight).unwrap();
-        assert!(model.streamed_layers() > 0, "{arch:?}: a budget at the floor must stream layers");
+        assert!(
+            model.streamed_layers() > 0,
+            "{arch:?}: a budget at the floor must stream layers"
+        );
         drop(model);
-        assert!(logits(&m, &tight) == reference, "{arch:?}: streaming the spine changed the logits");
+        assert!(
+            logits(&m, &tight) == reference,
+            "{arch:?}: streaming the spine changed the logits"
+        );
     }
 }
 
@@ -65,7 +102,11 @@ fn pack(model: &Path, outs: &[PathBuf]) {
         cmd.arg("--weights").arg(vec!["1"; outs.len()].join(","));
     }
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "pack failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pack failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -76,7 +117,9 @@ fn logits_are_identical_across_cache_prefetch_io_mode_packing_and_striping() {
         let reference = logits(&m, &opts(0, false, false, None));
         let one = t.path().join("one");
         pack(&m, &[one.clone()]);
-        let three: Vec<PathBuf> = (0..3).map(|i| t.path().join(format!("stripe{i}"))).collect();
+        let three: Vec<PathBuf> = (0..3)
+            .map(|i| t.path().join(format!("stripe{i}")))
+            .collect();
         pack(&m, &three);
         for (what, o) in [
             ("cache on", opts(64 << 20, false, false, None)),
@@ -84,10 +127,19 @@ fn logits_are_identical_across_cache_prefetch_io_mode_packing_and_striping() {
             ("cache + prefetch", opts(64 << 20, true, false, None)),
             ("direct I/O", opts(0, true, true, None)),
             ("packed", opts(0, true, true, Some(one.clone()))),
-            ("3 stripes", opts(1 << 20, true, true, Some(three[1].clone()))),
-            ("3 stripes, buffered", opts(0, false, false, Some(three[2].clone()))),
+            (
+                "3 stripes",
+                opts(1 << 20, true, true, Some(three[1].clone())),
+            ),
+            (
+                "3 stripes, buffered",
+                opts(0, false, false, Some(three[2].clone())),
+            ),
         ] {
-            assert!(logits(&m, &o) == reference, "{arch:?}: logits differ with {what}");
+            assert!(
+                logits(&m, &o) == reference,
+                "{arch:?}: logits differ with {what}"
+            );
         }
     }
 }
@@ -97,11 +149,19 @@ fn a_warm_cache_serves_repeats_without_reading() {
     let t = tiny(Arch::KimiK3, 12);
     let model = Model::load_with(&model_dir(&t), &opts(64 << 20, false, false, None)).unwrap();
     let stats = Stats::default();
-    model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats).unwrap();
+    model
+        .forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats)
+        .unwrap();
     let before = model.store().snapshot();
-    model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats).unwrap();
+    model
+        .forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &stats)
+        .unwrap();
     let d = model.store().snapshot().since(&before);
-    assert_eq!(d.bytes_read(), 0, "the same prompt again must be served from the cache");
+    assert_eq!(
+        d.bytes_read(),
+        0,
+        "the same prompt again must be served from the cache"
+    );
     assert_eq!(d.hits, d.requests);
 }
 
@@ -131,7 +191,12 @@ fn corrupted_pack_record_is_an_error_naming_layer_expert_and_file() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("checksum mismatch") && err.contains("expert") && err.contains("experts-0.bin"), "{err}");
+    assert!(
+        err.contains("checksum mismatch")
+            && err.contains("expert")
+            && err.contains("experts-0.bin"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -141,13 +206,23 @@ fn missing_stripe_and_unfinished_pack_are_reported_at_startup() {
     let stripes: Vec<PathBuf> = (0..2).map(|i| t.path().join(format!("s{i}"))).collect();
     pack(&m, &stripes);
     std::fs::rename(&stripes[1], t.path().join("moved")).unwrap();
-    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone()))).err().unwrap();
+    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone())))
+        .err()
+        .unwrap();
     let msg = format!("{err:#}");
-    assert!(msg.contains("stripe directory") && msg.contains("s1") && msg.contains("missing"), "{msg}");
+    assert!(
+        msg.contains("stripe directory") && msg.contains("s1") && msg.contains("missing"),
+        "{msg}"
+    );
 
     std::fs::remove_file(stripes[0].join("manifest.json")).unwrap();
-    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone()))).err().unwrap();
-    assert!(format!("{err:#}").contains("not a finished pack"), "{err:#}");
+    let err = Model::load_with(&m, &opts(0, false, false, Some(stripes[0].clone())))
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err:#}").contains("not a finished pack"),
+        "{err:#}"
+    );
 }
 
 #[test]
@@ -176,8 +251,16 @@ fn an_interrupted_pack_resumes_where_it_stopped() {
     pack(&m, &[resumed.clone()]);
     let got = std::fs::read(resumed.join("experts-0.bin")).unwrap();
     assert_eq!(got.len(), expected.len());
-    assert_eq!(got[100], expected[100] ^ 0xff, "records already written were kept, not rewritten");
-    assert_eq!(got[101..], expected[101..], "the rest was completed exactly");
+    assert_eq!(
+        got[100],
+        expected[100] ^ 0xff,
+        "records already written were kept, not rewritten"
+    );
+    assert_eq!(
+        got[101..],
+        expected[101..],
+        "the rest was completed exactly"
+    );
     assert!(resumed.join("manifest.json").exists() && !resumed.join("plan.json").exists());
 }
 
@@ -189,9 +272,25 @@ fn a_short_read_is_an_error_naming_layer_expert_and_file() {
     pack(&m, &[dir.clone()]);
     let model = Model::load_with(&m, &opts(0, false, false, Some(dir.clone()))).unwrap();
     // The drive loses the data after start-up (a pulled cable, a truncating process).
-    std::fs::OpenOptions::new().write(true).open(dir.join("experts-0.bin")).unwrap().set_len(0).unwrap();
-    let err = model.forward(&mut model.new_session(), &PROMPT, LogitRows::Last, &Stats::default()).err().unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("experts-0.bin"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let err = model
+        .forward(
+            &mut model.new_session(),
+            &PROMPT,
+            LogitRows::Last,
+            &Stats::default(),
+        )
+        .err()
+        .unwrap();
     let msg = format!("{err:#}");
-    assert!(msg.contains("expert") && msg.contains("layer") && msg.contains("experts-0.bin"), "{msg}");
+    assert!(
+        msg.contains("expert") && msg.contains("layer") && msg.contains("experts-0.bin"),
+        "{msg}"
+    );
     assert!(msg.contains("short read"), "{msg}");
 }

@@ -4,7 +4,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,9 +88,13 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let count = availability()?;
         if ordinal >= count {
-            bail!("--device cuda:{ordinal}: this machine has {count} GPU(s) (cuda:0 … cuda:{})", count - 1);
+            bail!(
+                "--device cuda:{ordinal}: this machine has {count} GPU(s) (cuda:0 … cuda:{})",
+                count - 1
+            );
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| anyhow!("cannot open GPU {ordinal}: {e:?}"))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| anyhow!("cannot open GPU {ordinal}: {e:?}"))?;
         // Ordering between the compute and copy streams is explicit (events), and buffers are raw pointers.
         // SAFETY: no CudaSlice is shared between streams in this crate.
         unsafe { ctx.disable_event_tracking() };
@@ -96,19 +102,32 @@ impl Gpu {
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
         let ptx = compile(Some(arch)).context("compiling the CUDA kernels")?;
-        let module = ctx.load_module(ptx).map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
         let mut funcs = HashMap::new();
         for &k in KERNEL_NAMES {
-            let f = module.load_function(k).map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+            let f = module
+                .load_function(k)
+                .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
             funcs.insert(k, f);
         }
         let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let copy = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
-        Ok(Gpu { ctx, stream, copy, funcs, name, sm })
+        Ok(Gpu {
+            ctx,
+            stream,
+            copy,
+            funcs,
+            name,
+            sm,
+        })
     }
 
     pub fn func(&self, name: &str) -> &CudaFunction {
-        self.funcs.get(name).expect("every launched kernel is in KERNEL_NAMES")
+        self.funcs
+            .get(name)
+            .expect("every launched kernel is in KERNEL_NAMES")
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
@@ -116,7 +135,11 @@ impl Gpu {
         // SAFETY: a plain allocation, freed in Drop.
         let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
             .map_err(|e| anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
-        Ok(DevBuf { ptr, bytes, ctx: self.ctx.clone() })
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
     }
 
     pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf> {
@@ -140,7 +163,9 @@ impl Gpu {
         // SAFETY: src holds len values of T; the stream is synchronised before `out` is read.
         unsafe { cu::memcpy_dtoh_async(&mut out, src, self.stream.cu_stream()) }
             .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
-        self.stream.synchronize().map_err(|e| anyhow!("a kernel failed: {e:?}"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("a kernel failed: {e:?}"))?;
         Ok(out)
     }
 
@@ -190,11 +215,21 @@ pub struct Parts(pub [u64; 6]);
 unsafe impl cudarc::driver::DeviceRepr for Parts {}
 
 impl<'a> Launch<'a> {
-    pub fn new(gpu: &'a Gpu, name: &'static str, grid: (u32, u32), block: u32, shared: u32) -> Self {
+    pub fn new(
+        gpu: &'a Gpu,
+        name: &'static str,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+    ) -> Self {
         Launch {
             gpu,
             name,
-            cfg: LaunchConfig { grid_dim: (grid.0.max(1), grid.1.max(1), 1), block_dim: (block, 1, 1), shared_mem_bytes: shared },
+            cfg: LaunchConfig {
+                grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: shared,
+            },
             args: Vec::new(),
         }
     }
@@ -203,7 +238,8 @@ impl<'a> Launch<'a> {
         self
     }
     pub fn i(mut self, v: usize) -> Self {
-        self.args.push(Arg::I(i32::try_from(v).expect("kernel sizes fit in i32")));
+        self.args
+            .push(Arg::I(i32::try_from(v).expect("kernel sizes fit in i32")));
         self
     }
     pub fn f(mut self, v: f32) -> Self {
@@ -219,7 +255,13 @@ impl<'a> Launch<'a> {
         let parts: Vec<Parts> = self
             .args
             .iter()
-            .filter_map(|a| if let Arg::Parts(p) = a { Some(Parts(*p)) } else { None })
+            .filter_map(|a| {
+                if let Arg::Parts(p) = a {
+                    Some(Parts(*p))
+                } else {
+                    None
+                }
+            })
             .collect();
         let mut b = self.gpu.stream.launch_builder(f);
         let mut pi = 0;
@@ -281,7 +323,11 @@ impl Pinned {
         // SAFETY: allocation; freed in Drop. Write-combined: the CPU only writes it, the DMA engine reads it.
         let ptr = unsafe { cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_WRITECOMBINED) }
             .map_err(|e| anyhow!("pinned host allocation of {bytes} bytes failed: {e:?}"))?;
-        Ok(Pinned { ptr: ptr as *mut u8, bytes, ctx: gpu.ctx.clone() })
+        Ok(Pinned {
+            ptr: ptr as *mut u8,
+            bytes,
+            ctx: gpu.ctx.clone(),
+        })
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {

@@ -15,9 +15,13 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float bf16f(u32 bits) { return __int_as_float((int)(bits << 16)); }
 
-__constant__ float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-__device__ __forceinline__ float e2m1f(u32 nib) { return E2M1[nib & 15]; }
+// E2M1 by its bits (a table in constant memory would serialise a warp's 16 distinct lookups):
+// magnitude 1 is 0.5, magnitudes 2..7 are 2^(m/2 − 1)·(1 + (m&1)/2); bit 3 is the sign.
+__device__ __forceinline__ float e2m1f(u32 nib) {
+    u32 m = nib & 7;
+    u32 bits = m < 2 ? (m ? 0x3f000000u : 0u) : ((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
+    return __int_as_float((int)(bits | ((nib & 8u) << 28)));
+}
 
 __device__ __forceinline__ float e8m0f(u32 s) {
     if (s == 0) return __int_as_float(0x00400000);
@@ -188,7 +192,7 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        float mx = -INFINITY;
+        float mx = __int_as_float(0xff800000);
         for (int i = 0; i < nv; i++) mx = fmaxf(mx, alpha[i]);
         float sum = 0.0f;
         for (int i = 0; i < nv; i++) {
@@ -356,7 +360,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        float mx = -INFINITY;
+        float mx = __int_as_float(0xff800000);
         for (int s = 0; s < upto; s++) mx = fmaxf(mx, p[s]);
         red[0] = mx;
     }

@@ -153,7 +153,13 @@ impl RecordLayout {
             parts[i] = at as u64;
             at += s;
         }
-        RecordLayout { mxfp4, width, inter, parts, len: at }
+        RecordLayout {
+            mxfp4,
+            width,
+            inter,
+            parts,
+            len: at,
+        }
     }
 }
 
@@ -207,7 +213,10 @@ impl Arena {
         let at = self.off.get();
         let end = at + bytes.div_ceil(256) * 256;
         if end > buf.bytes {
-            bail!("internal: the pass's scratch ({} bytes) is too small", buf.bytes);
+            bail!(
+                "internal: the pass's scratch ({} bytes) is too small",
+                buf.bytes
+            );
         }
         self.off.set(end);
         Ok(buf.ptr + at as u64)
@@ -230,9 +239,15 @@ impl CudaModel {
         let mut lin = |ld: &Loader, name: &str, rows: usize, cols: usize| -> Result<Lin> {
             let l = ld.linear(name, rows, cols)?;
             spine_bytes += 2 * (rows * cols) as u64;
-            Ok(Lin { buf: gpu.upload(&l.data)?, rows, cols })
+            Ok(Lin {
+                buf: gpu.upload(&l.data)?,
+                rows,
+                cols,
+            })
         };
-        let vecf = |ld: &Loader, name: &str, shape: &[usize]| -> Result<DevBuf> { gpu.upload(&ld.vector(name, shape)?) };
+        let vecf = |ld: &Loader, name: &str, shape: &[usize]| -> Result<DevBuf> {
+            gpu.upload(&ld.vector(name, shape)?)
+        };
         let h = cfg.hidden;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
@@ -245,7 +260,10 @@ impl CudaModel {
                         Ok(None)
                     }
                 };
-                let attn_res = res("self_attention_res_norm.weight", "self_attention_res_proj.weight")?;
+                let attn_res = res(
+                    "self_attention_res_norm.weight",
+                    "self_attention_res_proj.weight",
+                )?;
                 let mlp_res = res("mlp_res_norm.weight", "mlp_res_proj.weight")?;
                 let attn = if cfg.is_mla[l] {
                     let m = &cfg.mla;
@@ -256,17 +274,38 @@ impl CudaModel {
                             norm: vecf(&ld, "self_attn.q_a_layernorm.weight", &[r])?,
                             b: lin(&ld, "self_attn.q_b_proj.weight", m.heads * qd, r)?,
                         },
-                        None => QPath::Direct(lin(&ld, "self_attn.q_proj.weight", m.heads * qd, h)?),
+                        None => {
+                            QPath::Direct(lin(&ld, "self_attn.q_proj.weight", m.heads * qd, h)?)
+                        }
                     };
                     if m.kv_lora_rank % 32 != 0 {
                         bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
                     }
                     Attn::Mla(Box::new(Mla {
                         q,
-                        kv_a: lin(&ld, "self_attn.kv_a_proj_with_mqa.weight", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
+                        kv_a: lin(
+                            &ld,
+                            "self_attn.kv_a_proj_with_mqa.weight",
+                            m.kv_lora_rank + m.qk_rope_head_dim,
+                            h,
+                        )?,
                         kv_norm: vecf(&ld, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
-                        kv_b: lin(&ld, "self_attn.kv_b_proj.weight", m.heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
-                        gate: if k3 { Some(lin(&ld, "self_attn.g_proj.weight", m.heads * m.v_head_dim, h)?) } else { None },
+                        kv_b: lin(
+                            &ld,
+                            "self_attn.kv_b_proj.weight",
+                            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+                            m.kv_lora_rank,
+                        )?,
+                        gate: if k3 {
+                            Some(lin(
+                                &ld,
+                                "self_attn.g_proj.weight",
+                                m.heads * m.v_head_dim,
+                                h,
+                            )?)
+                        } else {
+                            None
+                        },
                         o: lin(&ld, "self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?,
                         heads: m.heads,
                         nope: m.qk_nope_head_dim,
@@ -283,18 +322,28 @@ impl CudaModel {
                     let w = heads * dim;
                     let mut conv = Vec::with_capacity(3 * w * kern);
                     for p in ["q", "k", "v"] {
-                        conv.extend(ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?);
+                        conv.extend(
+                            ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
+                        );
                     }
                     let (a_log, gate) = if k3 {
                         let stored = ld.vector("self_attn.A_log", &[dim])?;
                         if heads > dim {
-                            bail!("K3 stores A_log with {dim} entries, fewer than the {heads} heads");
+                            bail!(
+                                "K3 stores A_log with {dim} entries, fewer than the {heads} heads"
+                            );
                         }
-                        (stored[..heads].to_vec(), OutGate::Full(lin(&ld, "self_attn.g_proj.weight", w, h)?))
+                        (
+                            stored[..heads].to_vec(),
+                            OutGate::Full(lin(&ld, "self_attn.g_proj.weight", w, h)?),
+                        )
                     } else {
                         (
                             ld.vector("self_attn.A_log", &[1, 1, heads, 1])?,
-                            OutGate::Low(lin(&ld, "self_attn.g_a_proj.weight", dim, h)?, lin(&ld, "self_attn.g_b_proj.weight", w, dim)?),
+                            OutGate::Low(
+                                lin(&ld, "self_attn.g_a_proj.weight", dim, h)?,
+                                lin(&ld, "self_attn.g_b_proj.weight", w, dim)?,
+                            ),
                         )
                     };
                     Attn::Kda(Box::new(Kda {
@@ -316,7 +365,10 @@ impl CudaModel {
                         kind: if k3 { 0 } else { 1 },
                     }))
                 };
-                let mlp = |lin: &mut dyn FnMut(&Loader, &str, usize, usize) -> Result<Lin>, ld: &Loader, width: usize| -> Result<Mlp> {
+                let mlp = |lin: &mut dyn FnMut(&Loader, &str, usize, usize) -> Result<Lin>,
+                           ld: &Loader,
+                           width: usize|
+                 -> Result<Mlp> {
                     Ok(Mlp {
                         gate: lin(ld, "gate_proj.weight", width, h)?,
                         up: lin(ld, "up_proj.weight", width, h)?,
@@ -337,9 +389,16 @@ impl CudaModel {
                     };
                     Ffn::Moe(Box::new(Moe {
                         router: lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?,
-                        bias: ld.vector("block_sparse_moe.gate.e_score_correction_bias", &[m.num_experts])?,
+                        bias: ld.vector(
+                            "block_sparse_moe.gate.e_score_correction_bias",
+                            &[m.num_experts],
+                        )?,
                         latent,
-                        shared: mlp(&mut lin, &ld.sub("block_sparse_moe.shared_experts."), m.shared_width)?,
+                        shared: mlp(
+                            &mut lin,
+                            &ld.sub("block_sparse_moe.shared_experts."),
+                            m.shared_width,
+                        )?,
                     }))
                 };
                 Ok(Layer {
@@ -357,7 +416,11 @@ impl CudaModel {
         let embed = ld_lin(&gpu, &root, "embed_tokens.weight", v, h)?;
         let lm_head = lin(&Loader::new(&ck, head_root), "lm_head.weight", v, h)?;
         let out_res = if k3 {
-            Some(gpu.upload(&root.res_score("output_attn_res_norm.weight", "output_attn_res_proj.weight", h)?)?)
+            Some(gpu.upload(&root.res_score(
+                "output_attn_res_norm.weight",
+                "output_attn_res_proj.weight",
+                h,
+            )?)?)
         } else {
             None
         };
@@ -365,7 +428,8 @@ impl CudaModel {
 
         // The VRAM expert cache.
         let slot_len = layout.len.div_ceil(256) * 256;
-        let records: usize = (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
+        let records: usize =
+            (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
         let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
         let budget = match opts.expert_vram {
             Some(b) => b,
@@ -375,7 +439,9 @@ impl CudaModel {
         if n_slots == 0 {
             bail!("--expert-vram {budget} bytes holds no expert record of {slot_len} bytes; give at least one record's worth");
         }
-        let slots = gpu.alloc(n_slots * slot_len).with_context(|| format!("allocating {n_slots} VRAM expert slots"))?;
+        let slots = gpu
+            .alloc(n_slots * slot_len)
+            .with_context(|| format!("allocating {n_slots} VRAM expert slots"))?;
         let staging = (0..4)
             .map(|_| Ok((Pinned::new(&gpu, layout.len)?, gpu.event()?)))
             .collect::<Result<Vec<_>>>()?;
@@ -398,7 +464,11 @@ impl CudaModel {
             store,
             layout,
             cache: Mutex::new(cache),
-            arena: Mutex::new(Arena { buf: None, off: Cell::new(0), keep: Vec::new() }),
+            arena: Mutex::new(Arena {
+                buf: None,
+                off: Cell::new(0),
+                keep: Vec::new(),
+            }),
             spine_bytes,
         })
     }
@@ -450,7 +520,11 @@ impl CudaModel {
                 }
                 Attn::Mla(m) => {
                     let cap = 64;
-                    Ok(State::Mla { lat: self.zeros(cap * m.kvl)?, pe: self.zeros(cap * m.rope)?, cap })
+                    Ok(State::Mla {
+                        lat: self.zeros(cap * m.kvl)?,
+                        pe: self.zeros(cap * m.rope)?,
+                        cap,
+                    })
                 }
             })
             .collect::<Result<_>>()?;
@@ -462,12 +536,21 @@ impl CudaModel {
     }
 
     /// Runs `tokens` after the session's history and returns logits `[rows, vocab]`, like the CPU model.
-    pub fn forward(&self, s: &mut CudaSession, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        s: &mut CudaSession,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             bail!("a forward pass needs at least one token");
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            bail!("token id {t} is outside the vocabulary (size {})", self.cfg.vocab_size);
+            bail!(
+                "token id {t} is outside the vocabulary (size {})",
+                self.cfg.vocab_size
+            );
         }
         let n = tokens.len();
         let mut arena = self.arena.lock().unwrap();
@@ -487,21 +570,22 @@ impl CudaModel {
         let m = &c.mla;
         let anchors = c.attn_res_block.map_or(0, |b| c.num_layers.div_ceil(b)) + 1;
         let lay = &self.layout;
-        let per_row = 4 * ((anchors + 8) * hd
-            + 9 * w
-            + 2 * c.kda.head_dim
-            + c.kda.heads
-            + m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + 2 * m.v_head_dim)
-            + m.q_lora_rank.unwrap_or(0)
-            + m.kv_lora_rank
-            + m.qk_rope_head_dim
-            + m.heads * (pos + n)
-            + c.moe.num_experts
-            + 2 * lay.width
-            + c.moe.top_k * (lay.inter + lay.width + 4)
-            + c.moe.shared_width
-            + c.dense_intermediate
-            + c.vocab_size)
+        let per_row = 4
+            * ((anchors + 8) * hd
+                + 9 * w
+                + 2 * c.kda.head_dim
+                + c.kda.heads
+                + m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + 2 * m.v_head_dim)
+                + m.q_lora_rank.unwrap_or(0)
+                + m.kv_lora_rank
+                + m.qk_rope_head_dim
+                + m.heads * (pos + n)
+                + c.moe.num_experts
+                + 2 * lay.width
+                + c.moe.top_k * (lay.inter + lay.width + 4)
+                + c.moe.shared_width
+                + c.dense_intermediate
+                + c.vocab_size)
             + 1024;
         let need = n * per_row + (1 << 20);
         if arena.buf.as_ref().is_none_or(|b| b.bytes < need) {
@@ -519,22 +603,39 @@ impl CudaModel {
     }
 
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
-        Launch::new(&self.gpu, "matmul_bf16", (w.rows.div_ceil(WARPS as usize) as u32, 1), 32 * WARPS, 0)
-            .p(w.buf.ptr)
-            .p(x)
-            .p(y)
-            .i(w.rows)
-            .i(w.cols)
-            .i(n)
-            .go()
+        Launch::new(
+            &self.gpu,
+            "matmul_bf16",
+            (w.rows.div_ceil(WARPS as usize) as u32, 1),
+            32 * WARPS,
+            0,
+        )
+        .p(w.buf.ptr)
+        .p(x)
+        .p(y)
+        .i(w.rows)
+        .i(w.cols)
+        .i(n)
+        .go()
     }
 
     fn rms(&self, x: u64, w: u64, out: u64, n: usize, d: usize, eps: f32) -> Result<()> {
-        Launch::new(&self.gpu, "rms_norm_rows", (n as u32, 1), 256, 0).p(x).p(w).p(out).i(n).i(d).f(eps).go()
+        Launch::new(&self.gpu, "rms_norm_rows", (n as u32, 1), 256, 0)
+            .p(x)
+            .p(w)
+            .p(out)
+            .i(n)
+            .i(d)
+            .f(eps)
+            .go()
     }
 
     fn add(&self, y: u64, x: u64, len: usize) -> Result<()> {
-        Launch::new(&self.gpu, "add_into", (len.div_ceil(256) as u32, 1), 256, 0).p(y).p(x).i(len).go()
+        Launch::new(&self.gpu, "add_into", (len.div_ceil(256) as u32, 1), 256, 0)
+            .p(y)
+            .p(x)
+            .i(len)
+            .go()
     }
 
     fn mix(&self, anchors: u64, na: usize, cur: u64, w: &DevBuf, out: u64, n: usize) -> Result<()> {
@@ -553,26 +654,49 @@ impl CudaModel {
 
     fn mlp(&self, a: &Arena, m: &Mlp, x: u64, n: usize) -> Result<u64> {
         let act = a.f32s(n * m.gate.rows)?;
-        let kind = if self.cfg.family == Family::KimiK3 { 0 } else { 1 };
-        Launch::new(&self.gpu, "mlp_up_act", (m.gate.rows.div_ceil(WARPS as usize) as u32, 1), 32 * WARPS, 0)
-            .p(m.gate.buf.ptr)
-            .p(m.up.buf.ptr)
-            .p(x)
-            .p(act)
-            .i(m.gate.rows)
-            .i(m.gate.cols)
-            .i(n)
-            .i(kind)
-            .go()?;
+        let kind = if self.cfg.family == Family::KimiK3 {
+            0
+        } else {
+            1
+        };
+        Launch::new(
+            &self.gpu,
+            "mlp_up_act",
+            (m.gate.rows.div_ceil(WARPS as usize) as u32, 1),
+            32 * WARPS,
+            0,
+        )
+        .p(m.gate.buf.ptr)
+        .p(m.up.buf.ptr)
+        .p(x)
+        .p(act)
+        .i(m.gate.rows)
+        .i(m.gate.cols)
+        .i(n)
+        .i(kind)
+        .go()?;
         self.mm(a, &m.down, act, n)
     }
 
-    fn pass(&self, a: &Arena, s: &mut CudaSession, tokens: &[u32], rows: LogitRows, stats: &Stats) -> Result<Vec<f32>> {
+    fn pass(
+        &self,
+        a: &Arena,
+        s: &mut CudaSession,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let tok = a.take(4 * n)?;
         self.gpu.htod_async(tok, tokens)?;
         let h = a.f32s(n * hd)?;
-        Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0).p(self.embed.buf.ptr).p(tok).p(h).i(n).i(hd).go()?;
+        Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
+            .p(self.embed.buf.ptr)
+            .p(tok)
+            .p(h)
+            .i(n)
+            .i(hd)
+            .go()?;
         let block = self.cfg.attn_res_block;
         let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
         let anchors = a.f32s(max_anchors.max(1) * n * hd)?;
@@ -584,7 +708,10 @@ impl CudaModel {
             match block {
                 Some(block) => {
                     // K3: a = Mix([anchors…, h]) (or h); a block boundary makes h an anchor and restarts the sum.
-                    let res = layer.attn_res.as_ref().expect("K3 layers carry AttnRes weights");
+                    let res = layer
+                        .attn_res
+                        .as_ref()
+                        .expect("K3 layers carry AttnRes weights");
                     if na == 0 {
                         self.gpu.dtod(x, h, 4 * n * hd)?;
                     } else {
@@ -592,7 +719,8 @@ impl CudaModel {
                     }
                     let restart = l % block == 0;
                     if restart {
-                        self.gpu.dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
+                        self.gpu
+                            .dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
                         na += 1;
                     }
                     self.rms(x, layer.input_norm.ptr, x, n, hd, eps)?;
@@ -636,7 +764,15 @@ impl CudaModel {
         self.gpu.dtoh(logits, m * self.cfg.vocab_size)
     }
 
-    fn attention(&self, a: &Arena, attn: &Attn, x: u64, n: usize, st: &mut State, pos: usize) -> Result<u64> {
+    fn attention(
+        &self,
+        a: &Arena,
+        attn: &Attn,
+        x: u64,
+        n: usize,
+        st: &mut State,
+        pos: usize,
+    ) -> Result<u64> {
         match (attn, st) {
             (Attn::Kda(k), State::Kda { conv, s }) => self.kda(a, k, x, n, conv.ptr, s.ptr),
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
@@ -646,7 +782,10 @@ impl CudaModel {
                     let (nl, np) = (self.zeros(new_cap * m.kvl)?, self.zeros(new_cap * m.rope)?);
                     self.gpu.dtod(nl.ptr, lat.ptr, 4 * pos * m.kvl)?;
                     self.gpu.dtod(np.ptr, pe.ptr, 4 * pos * m.rope)?;
-                    self.gpu.stream.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+                    self.gpu
+                        .stream
+                        .synchronize()
+                        .map_err(|e| anyhow!("{e:?}"))?;
                     (*lat, *pe, *cap) = (nl, np, new_cap);
                 }
                 self.mla(a, m, x, n, lat.ptr, pe.ptr, pos)
@@ -658,22 +797,32 @@ impl CudaModel {
     fn kda(&self, a: &Arena, k: &Kda, x: u64, n: usize, conv_state: u64, s: u64) -> Result<u64> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
-        let (q, kk, v) = (self.mm(a, &k.q, x, n)?, self.mm(a, &k.k, x, n)?, self.mm(a, &k.v, x, n)?);
+        let (q, kk, v) = (
+            self.mm(a, &k.q, x, n)?,
+            self.mm(a, &k.k, x, n)?,
+            self.mm(a, &k.v, x, n)?,
+        );
         let beta = self.mm(a, &k.b, x, n)?;
         let fa = self.mm(a, &k.f_a, x, n)?;
         let g = self.mm(a, &k.f_b, fa, n)?;
-        Launch::new(&self.gpu, "kda_gates", ((n * w).div_ceil(256) as u32, 1), 256, 0)
-            .p(g)
-            .p(k.dt_bias.ptr)
-            .p(k.a_log.ptr)
-            .p(beta)
-            .i(n)
-            .i(w)
-            .i(dim)
-            .i(heads)
-            .i(k.kind)
-            .f(-5.0)
-            .go()?;
+        Launch::new(
+            &self.gpu,
+            "kda_gates",
+            ((n * w).div_ceil(256) as u32, 1),
+            256,
+            0,
+        )
+        .p(g)
+        .p(k.dt_bias.ptr)
+        .p(k.a_log.ptr)
+        .p(beta)
+        .i(n)
+        .i(w)
+        .i(dim)
+        .i(heads)
+        .i(k.kind)
+        .f(-5.0)
+        .go()?;
         let gate = match &k.gate {
             OutGate::Full(g) => self.mm(a, g, x, n)?,
             OutGate::Low(ga, gb) => {
@@ -682,30 +831,45 @@ impl CudaModel {
             }
         };
         let out = a.f32s(n * w)?;
-        Launch::new(&self.gpu, "kda_recurrence", (heads as u32, 1), dim as u32, (4 * dim * 4) as u32)
-            .p(q)
-            .p(kk)
-            .p(v)
-            .p(g)
-            .p(beta)
-            .p(gate)
-            .p(k.conv.ptr)
-            .p(conv_state)
-            .p(s)
-            .p(k.o_norm.ptr)
-            .p(out)
-            .i(n)
-            .i(heads)
-            .i(dim)
-            .i(k.kern)
-            .i(k.kind)
-            .f(self.cfg.rms_norm_eps)
-            .go()?;
+        Launch::new(
+            &self.gpu,
+            "kda_recurrence",
+            (heads as u32, 1),
+            dim as u32,
+            (4 * dim * 4) as u32,
+        )
+        .p(q)
+        .p(kk)
+        .p(v)
+        .p(g)
+        .p(beta)
+        .p(gate)
+        .p(k.conv.ptr)
+        .p(conv_state)
+        .p(s)
+        .p(k.o_norm.ptr)
+        .p(out)
+        .i(n)
+        .i(heads)
+        .i(dim)
+        .i(k.kern)
+        .i(k.kind)
+        .f(self.cfg.rms_norm_eps)
+        .go()?;
         self.mm(a, &k.o, out, n)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn mla(&self, a: &Arena, m: &Mla, x: u64, n: usize, lat: u64, pe: u64, pos: usize) -> Result<u64> {
+    fn mla(
+        &self,
+        a: &Arena,
+        m: &Mla,
+        x: u64,
+        n: usize,
+        lat: u64,
+        pe: u64,
+        pos: usize,
+    ) -> Result<u64> {
         let q = match &m.q {
             QPath::Low { a: qa, norm, b } => {
                 let cq = self.mm(a, qa, x, n)?;
@@ -730,27 +894,43 @@ impl CudaModel {
         let p = a.f32s(n * m.heads * ctx)?;
         let attn = a.f32s(n * m.heads * m.dv)?;
         let scale = 1.0 / ((m.nope + m.rope) as f32).sqrt();
-        Launch::new(&self.gpu, "mla_attend", ((n * m.heads) as u32, 1), 128, (2 * m.kvl * 4) as u32)
-            .p(q)
-            .p(m.kv_b.buf.ptr)
-            .p(lat)
-            .p(pe)
-            .p(p)
-            .i(ctx)
-            .p(attn)
-            .i(n)
-            .i(m.heads)
-            .i(m.nope)
-            .i(m.rope)
-            .i(m.dv)
-            .i(m.kvl)
-            .i(pos)
-            .f(scale)
-            .go()?;
+        Launch::new(
+            &self.gpu,
+            "mla_attend",
+            ((n * m.heads) as u32, 1),
+            128,
+            (2 * m.kvl * 4) as u32,
+        )
+        .p(q)
+        .p(m.kv_b.buf.ptr)
+        .p(lat)
+        .p(pe)
+        .p(p)
+        .i(ctx)
+        .p(attn)
+        .i(n)
+        .i(m.heads)
+        .i(m.nope)
+        .i(m.rope)
+        .i(m.dv)
+        .i(m.kvl)
+        .i(pos)
+        .f(scale)
+        .go()?;
         if let Some(g) = &m.gate {
             let gv = self.mm(a, g, x, n)?;
             let len = n * m.heads * m.dv;
-            Launch::new(&self.gpu, "mul_sigmoid", (len.div_ceil(256) as u32, 1), 256, 0).p(attn).p(gv).i(len).go()?;
+            Launch::new(
+                &self.gpu,
+                "mul_sigmoid",
+                (len.div_ceil(256) as u32, 1),
+                256,
+                0,
+            )
+            .p(attn)
+            .p(gv)
+            .i(len)
+            .go()?;
         }
         self.mm(a, &m.o, attn, n)
     }
@@ -758,11 +938,21 @@ impl CudaModel {
     fn ffn(&self, a: &Arena, l: usize, ffn: &Ffn, x: u64, n: usize, stats: &Stats) -> Result<u64> {
         match ffn {
             Ffn::Dense(m) => self.mlp(a, m, x, n),
-            Ffn::Moe(m) => self.moe(a, l, m, x, n, stats).with_context(|| format!("layer {l}")),
+            Ffn::Moe(m) => self
+                .moe(a, l, m, x, n, stats)
+                .with_context(|| format!("layer {l}")),
         }
     }
 
-    fn moe(&self, a: &Arena, layer: usize, m: &Moe, x: u64, n: usize, stats: &Stats) -> Result<u64> {
+    fn moe(
+        &self,
+        a: &Arena,
+        layer: usize,
+        m: &Moe,
+        x: u64,
+        n: usize,
+        stats: &Stats,
+    ) -> Result<u64> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
         // Router logits on the device; the selection on the host, which needs the ids to schedule copies.
@@ -770,7 +960,15 @@ impl CudaModel {
         let logits: Vec<f32> = self.gpu.dtoh(logits_dev, n * e_count)?;
         let routes: Vec<Route> = logits
             .chunks(e_count)
-            .map(|row| select_experts(row, &m.bias, top_k, mc.renormalize, mc.routed_scaling_factor))
+            .map(|row| {
+                select_experts(
+                    row,
+                    &m.bias,
+                    top_k,
+                    mc.renormalize,
+                    mc.routed_scaling_factor,
+                )
+            })
             .collect();
         let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
         union.sort_unstable();
@@ -780,8 +978,10 @@ impl CudaModel {
             Some((down, _, _)) => self.mm(a, down, x, n)?,
             None => x,
         };
-        let rows_of: Vec<Vec<usize>> =
-            union.iter().map(|e| (0..n).filter(|&t| routes[t].ids.contains(e)).collect()).collect();
+        let rows_of: Vec<Vec<usize>> = union
+            .iter()
+            .map(|e| (0..n).filter(|&t| routes[t].ids.contains(e)).collect())
+            .collect();
         let mut cache = self.cache.lock().unwrap();
         let waves = plan_waves(&mut cache.plan, layer, &union);
         // Entries (expert, row) numbered in execution order; entry_of[u] = first entry of union index u.
@@ -799,7 +999,11 @@ impl CudaModel {
         let slot_ptr = |c: &ExpertCache, s: usize| c.slots.ptr + (s * c.slot_len) as u64;
         for (wi, w) in waves.iter().enumerate() {
             // Resident experts run at once (overlapping the copies below on the other stream).
-            let hits: Vec<(usize, u64)> = w.hits.iter().map(|&(u, s)| (u, slot_ptr(&cache, s))).collect();
+            let hits: Vec<(usize, u64)> = w
+                .hits
+                .iter()
+                .map(|&(u, s)| (u, slot_ptr(&cache, s)))
+                .collect();
             self.launch_experts(a, &hits, &rows_of, &entry_of, z, act, y)?;
             if w.misses.is_empty() {
                 continue;
@@ -807,46 +1011,79 @@ impl CudaModel {
             let t0 = Instant::now();
             if wi > 0 {
                 // The misses may overwrite slots the previous wave's kernels read.
-                let done = self.gpu.stream.record_event(None).map_err(|e| anyhow!("{e:?}"))?;
+                let done = self
+                    .gpu
+                    .stream
+                    .record_event(None)
+                    .map_err(|e| anyhow!("{e:?}"))?;
                 self.gpu.copy.wait(&done).map_err(|e| anyhow!("{e:?}"))?;
             }
             let ids: Vec<usize> = w.misses.iter().map(|&(u, _)| union[u]).collect();
             let mut fetch = self.store.fetch(layer, &ids);
             while let Some(rec) = fetch.next() {
                 let rec = rec?;
-                let i = w.misses.iter().position(|&(u, _)| union[u] == rec.expert).expect("asked for");
+                let i = w
+                    .misses
+                    .iter()
+                    .position(|&(u, _)| union[u] == rec.expert)
+                    .expect("asked for");
                 let dst = slot_ptr(&cache, w.misses[i].1);
                 let k = cache.ring.take();
                 let (pinned, ev) = &mut cache.staging[k];
-                ev.synchronize().map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
+                ev.synchronize()
+                    .map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
                 par_copy(pinned.as_mut_slice(), rec.bytes());
                 drop(rec);
                 // SAFETY: the slot holds slot_len >= len bytes; the pinned buffer is not rewritten before `ev`.
-                unsafe { cu::memcpy_htod_async(dst, &pinned.as_slice()[..lay.len], self.gpu.copy.cu_stream()) }
-                    .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                unsafe {
+                    cu::memcpy_htod_async(
+                        dst,
+                        &pinned.as_slice()[..lay.len],
+                        self.gpu.copy.cu_stream(),
+                    )
+                }
+                .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
                 ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
                 cache.counters.h2d_bytes += lay.len as u64;
             }
             drop(fetch);
             cache.counters.stage_secs += t0.elapsed().as_secs_f64();
-            let copied = self.gpu.copy.record_event(None).map_err(|e| anyhow!("{e:?}"))?;
-            self.gpu.stream.wait(&copied).map_err(|e| anyhow!("{e:?}"))?;
-            let misses: Vec<(usize, u64)> = w.misses.iter().map(|&(u, s)| (u, slot_ptr(&cache, s))).collect();
+            let copied = self
+                .gpu
+                .copy
+                .record_event(None)
+                .map_err(|e| anyhow!("{e:?}"))?;
+            self.gpu
+                .stream
+                .wait(&copied)
+                .map_err(|e| anyhow!("{e:?}"))?;
+            let misses: Vec<(usize, u64)> = w
+                .misses
+                .iter()
+                .map(|&(u, s)| (u, slot_ptr(&cache, s)))
+                .collect();
             self.launch_experts(a, &misses, &rows_of, &entry_of, z, act, y)?;
         }
         let hits: u64 = waves.iter().map(|w| w.hits.len() as u64).sum();
         cache.counters.vram_hits += hits;
         cache.counters.vram_misses += union.len() as u64 - hits;
         drop(cache);
-        stats.expert_uses.fetch_add(union.len() as u64, Ordering::Relaxed);
-        stats.expert_bytes.fetch_add((union.len() * lay.len) as u64, Ordering::Relaxed);
+        stats
+            .expert_uses
+            .fetch_add(union.len() as u64, Ordering::Relaxed);
+        stats
+            .expert_bytes
+            .fetch_add((union.len() * lay.len) as u64, Ordering::Relaxed);
         // acc = Σ w_i y_i per row, experts in ascending id order.
         let mut entry = Vec::with_capacity(n * top_k);
         let mut wts = Vec::with_capacity(n * top_k);
         for (t, r) in routes.iter().enumerate() {
             for (id, wt) in r.ids.iter().zip(&r.weights) {
                 let u = union.binary_search(id).expect("in the union");
-                let j = rows_of[u].iter().position(|&x| x == t).expect("row chose it");
+                let j = rows_of[u]
+                    .iter()
+                    .position(|&x| x == t)
+                    .expect("row chose it");
                 entry.push((entry_of[u] + j) as i32);
                 wts.push(*wt);
             }
@@ -920,38 +1157,58 @@ impl CudaModel {
         let rows_dev = self.stage(a, &rows)?;
         let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
         let g = group.len() as u32;
-        Launch::new(&self.gpu, "expert_up", (lay.inter.div_ceil(WARPS as usize) as u32, g), 32 * WARPS, 0)
-            .p(slots_dev)
-            .p(off_dev)
-            .p(rows_dev)
-            .p(z)
-            .p(act + (4 * first * lay.inter) as u64)
-            .i(lay.width)
-            .i(lay.inter)
-            .i(enc)
-            .i(act_kind)
-            .parts(lay.parts)
-            .go()?;
-        Launch::new(&self.gpu, "expert_down", (lay.width.div_ceil(WARPS as usize) as u32, g), 32 * WARPS, 0)
-            .p(slots_dev)
-            .p(off_dev)
-            .p(act + (4 * first * lay.inter) as u64)
-            .p(y + (4 * first * lay.width) as u64)
-            .i(lay.width)
-            .i(lay.inter)
-            .i(enc)
-            .parts(lay.parts)
-            .go()
+        Launch::new(
+            &self.gpu,
+            "expert_up",
+            (lay.inter.div_ceil(WARPS as usize) as u32, g),
+            32 * WARPS,
+            0,
+        )
+        .p(slots_dev)
+        .p(off_dev)
+        .p(rows_dev)
+        .p(z)
+        .p(act + (4 * first * lay.inter) as u64)
+        .i(lay.width)
+        .i(lay.inter)
+        .i(enc)
+        .i(act_kind)
+        .parts(lay.parts)
+        .go()?;
+        Launch::new(
+            &self.gpu,
+            "expert_down",
+            (lay.width.div_ceil(WARPS as usize) as u32, g),
+            32 * WARPS,
+            0,
+        )
+        .p(slots_dev)
+        .p(off_dev)
+        .p(act + (4 * first * lay.inter) as u64)
+        .p(y + (4 * first * lay.width) as u64)
+        .i(lay.width)
+        .i(lay.inter)
+        .i(enc)
+        .parts(lay.parts)
+        .go()
     }
 }
 
 fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Lin> {
     let l = ld.linear(name, rows, cols)?;
-    Ok(Lin { buf: gpu.upload(&l.data)?, rows, cols })
+    Ok(Lin {
+        buf: gpu.upload(&l.data)?,
+        rows,
+        cols,
+    })
 }
 
 /// The CPU path's expert store over the checkpoint's shards or a pack: the RAM cache and the disk below VRAM.
-fn open_store(dir: &Path, cfg: &ModelConfig, load: &LoadOptions) -> Result<(Arc<ExpertStore>, RecordLayout)> {
+fn open_store(
+    dir: &Path,
+    cfg: &ModelConfig,
+    load: &LoadOptions,
+) -> Result<(Arc<ExpertStore>, RecordLayout)> {
     let layout = RecordLayout::new(cfg);
     let mut opts: StoreOptions = load.store.clone();
     opts.working_slots = opts.working_slots.max(2 * cfg.moe.top_k);
@@ -961,14 +1218,27 @@ fn open_store(dir: &Path, cfg: &ModelConfig, load: &LoadOptions) -> Result<(Arc<
         None => {
             let (paths, layers, record_len) = deltafin_models::expert_sources(dir)?;
             if record_len != layout.len {
-                bail!("expert records are {record_len} bytes; the CUDA layout expects {}", layout.len);
+                bail!(
+                    "expert records are {record_len} bytes; the CUDA layout expects {}",
+                    layout.len
+                );
             }
-            (paths.into_iter().map(|p| (p, 0)).collect::<Vec<_>>(), layers, format!("checkpoint {}", dir.display()))
+            (
+                paths.into_iter().map(|p| (p, 0)).collect::<Vec<_>>(),
+                layers,
+                format!("checkpoint {}", dir.display()),
+            )
         }
         Some(pack) => {
-            let manifest = deltafin_store::pack::open_pack(pack, &deltafin_models::model_identity(dir)?)?;
+            let manifest =
+                deltafin_store::pack::open_pack(pack, &deltafin_models::model_identity(dir)?)?;
             if manifest.record_len != layout.len {
-                bail!("the pack at {} has {}-byte records; this model's are {}", pack.display(), manifest.record_len, layout.len);
+                bail!(
+                    "the pack at {} has {}-byte records; this model's are {}",
+                    pack.display(),
+                    manifest.record_len,
+                    layout.len
+                );
             }
             let (files, layers) = manifest.records(cfg.num_layers)?;
             (files, layers, format!("pack {}", pack.display()))
@@ -980,7 +1250,13 @@ fn open_store(dir: &Path, cfg: &ModelConfig, load: &LoadOptions) -> Result<(Arc<
 
 /// noaux_tc selection from one row of router logits, as `deltafin_models::moe::Router::route` does it (the
 /// CPU router computes its logits itself, so its selection step is not callable on logits alone).
-pub fn select_experts(logits: &[f32], bias: &[f32], top_k: usize, renormalize: bool, scale: f32) -> Route {
+pub fn select_experts(
+    logits: &[f32],
+    bias: &[f32],
+    top_k: usize,
+    renormalize: bool,
+    scale: f32,
+) -> Route {
     let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
     let mut order: Vec<usize> = (0..logits.len()).collect();
     let choice = |i: usize| scores[i] + bias[i];
@@ -988,7 +1264,11 @@ pub fn select_experts(logits: &[f32], bias: &[f32], top_k: usize, renormalize: b
     let mut ids = order[..top_k].to_vec();
     ids.sort_unstable();
     let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
-    let denom = if renormalize { picked.iter().sum::<f32>() + 1e-20 } else { 1.0 };
+    let denom = if renormalize {
+        picked.iter().sum::<f32>() + 1e-20
+    } else {
+        1.0
+    };
     let weights = picked.iter().map(|s| s / denom * scale).collect();
     Route { ids, weights }
 }

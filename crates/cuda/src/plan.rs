@@ -87,7 +87,10 @@ pub struct Wave {
 /// is pinned. Slots are unpinned between waves, so a later wave may reuse an earlier wave's slots (the
 /// executor orders those copies after the earlier wave's kernels).
 pub fn plan_waves(cache: &mut SlotCache, layer: usize, union: &[usize]) -> Vec<Wave> {
-    assert!(cache.slots() > 0, "the VRAM expert cache needs at least one slot");
+    assert!(
+        cache.slots() > 0,
+        "the VRAM expert cache needs at least one slot"
+    );
     let mut waves = vec![Wave::default()];
     for (u, &e) in union.iter().enumerate() {
         loop {
@@ -158,23 +161,40 @@ mod tests {
         assert_eq!(waves[1].misses, vec![(3, 0), (4, 1)]);
         // Next pass of the same layer: 9 (slot 2), 11, 12 hit; 1 and 4 were evicted.
         let waves = plan_waves(&mut c, 2, &[9, 11, 12]);
-        assert_eq!(waves, vec![Wave { hits: vec![(0, 2), (1, 0), (2, 1)], misses: vec![] }]);
+        assert_eq!(
+            waves,
+            vec![Wave {
+                hits: vec![(0, 2), (1, 0), (2, 1)],
+                misses: vec![]
+            }]
+        );
     }
 
     #[test]
     fn every_union_entry_is_planned_exactly_once() {
         let mut c = SlotCache::new(4);
         for pass in 0..20usize {
-            let union: Vec<usize> = (0..7).map(|i| (i * 5 + pass * 3) % 16).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let union: Vec<usize> = (0..7)
+                .map(|i| (i * 5 + pass * 3) % 16)
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             let waves = plan_waves(&mut c, pass % 3, &union);
-            let mut seen: Vec<usize> = waves.iter().flat_map(|w| w.hits.iter().chain(&w.misses).map(|x| x.0)).collect();
+            let mut seen: Vec<usize> = waves
+                .iter()
+                .flat_map(|w| w.hits.iter().chain(&w.misses).map(|x| x.0))
+                .collect();
             seen.sort_unstable();
             assert_eq!(seen, (0..union.len()).collect::<Vec<_>>());
             for w in &waves {
                 let mut slots: Vec<usize> = w.hits.iter().chain(&w.misses).map(|x| x.1).collect();
                 slots.sort_unstable();
                 slots.dedup();
-                assert_eq!(slots.len(), w.hits.len() + w.misses.len(), "a slot used twice in one wave");
+                assert_eq!(
+                    slots.len(),
+                    w.hits.len() + w.misses.len(),
+                    "a slot used twice in one wave"
+                );
             }
         }
     }

@@ -16,7 +16,8 @@ pub fn h2d_pinned(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64> {
         let (a, b) = (gpu.event()?, gpu.event()?);
         a.record(s).map_err(|e| anyhow!("{e:?}"))?;
         // SAFETY: both buffers hold `bytes`.
-        unsafe { cu::memcpy_htod_async(dev.ptr, host.as_slice(), s.cu_stream()) }.map_err(|e| anyhow!("{e:?}"))?;
+        unsafe { cu::memcpy_htod_async(dev.ptr, host.as_slice(), s.cu_stream()) }
+            .map_err(|e| anyhow!("{e:?}"))?;
         b.record(s).map_err(|e| anyhow!("{e:?}"))?;
         b.synchronize().map_err(|e| anyhow!("{e:?}"))?;
         let ms = a.elapsed_ms(&b).map_err(|e| anyhow!("{e:?}"))? as f64;

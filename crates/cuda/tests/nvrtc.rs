@@ -21,7 +21,10 @@ fn every_kernel_compiles_through_nvrtc() {
             );
         }
         // --fmad=false: no multiply-add is contracted behind the code's back (explicit fmaf() stays fma).
-        assert!(text.contains("fma.rn.f32"), "{arch}: the explicit fmas are gone");
+        assert!(
+            text.contains("fma.rn.f32"),
+            "{arch}: the explicit fmas are gone"
+        );
     }
 }
 
@@ -36,5 +39,8 @@ fn without_a_driver_cuda_is_refused_with_the_reason() {
         return;
     }
     let e = deltafin_cuda::availability().unwrap_err().to_string();
-    assert!(e.contains("NVIDIA driver library (libcuda.so.1) was not found"), "{e}");
+    assert!(
+        e.contains("NVIDIA driver library (libcuda.so.1) was not found"),
+        "{e}"
+    );
 }

@@ -55,11 +55,12 @@ pub struct ServeArgs {
     pub shutdown_grace_secs: u64,
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
+/// `load` says where routed experts come from and how much memory they may use (the CLI's store flags).
+pub fn run(a: ServeArgs, load: &deltafin_models::LoadOptions) -> Result<()> {
     if a.max_active == 0 {
         bail!("--max-active must be at least 1");
     }
-    let model = Arc::new(Model::load(&a.model)?);
+    let model = Arc::new(Model::load_with(&a.model, load)?);
     let tokenizer = Arc::new(Tokenizer::from_dir(&a.model)?);
     let name = match a.served_model_name {
         Some(n) => n,

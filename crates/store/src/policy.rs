@@ -14,9 +14,12 @@ pub enum Policy {
     Blend { half_life: f64, weight: f64 },
 }
 
+/// Decayed frequency: measured best on the trained model's routing trace (`deltafin cache-sim`, see
+/// BENCHMARKS.md). A pass visits every layer in turn, a cyclic pattern under which LRU evicts exactly the
+/// records the next pass wants first; frequency keeps the popular ones.
 impl Default for Policy {
     fn default() -> Self {
-        Policy::Lru
+        Policy::DecayedFrequency { half_life: 2048.0 }
     }
 }
 
