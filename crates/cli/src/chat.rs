@@ -5,7 +5,7 @@ use crate::progress;
 use crate::store_args::StoreArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltafin_engine::{generate_in, FinishReason, Flow, Request, SamplingParams};
+use deltafin_engine::{generate_in, FinishReason, Flow, Request};
 use deltafin_formats::config::Family;
 use deltafin_models::{Model, Session, Stats};
 use deltafin_tokenizer::chat::{
@@ -32,15 +32,8 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 1024)]
     max_new: usize,
-    /// Sampling temperature; 0 picks the most likely token every time.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Nucleus sampling: sample among the most likely tokens whose probabilities sum to this.
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Seed of the sampler: the same seed and conversation give the same replies.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: crate::SamplingArgs,
     /// Do not print the model's reasoning (default: printed before the answer, dimmed on a terminal).
     #[arg(long)]
     hide_reasoning: bool,
@@ -220,12 +213,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     let stop_ids = format.stop_ids(&tok, model.config().eos_token_id);
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        seed: a.seed,
-        ..SamplingParams::default()
-    };
+    let sampling = a.sampling.params();
     install_ctrl_c()?;
 
     let fresh_history =

@@ -110,9 +110,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
         effort: None,
         stats: true,
         // A little randomness keeps a small model out of greedy loops; seeded, so the demo is reproducible.
-        temperature: 0.8,
-        top_p: 0.95,
-        seed: a.seed,
+        sampling: crate::SamplingArgs {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: a.seed,
+        },
     };
     generate::run(&dir, &gen, &a.store.load_options()?)
 }

@@ -5,7 +5,7 @@ use crate::chat::{ChatFormat, ReplyPrinter};
 use crate::progress;
 use crate::GenArgs;
 use anyhow::{bail, Context, Result};
-use deltafin_engine::{generate, Flow, Request, SamplingParams};
+use deltafin_engine::{generate, Flow, Request};
 use deltafin_formats::npy;
 use deltafin_models::{LoadOptions, Model, Stats};
 use deltafin_tokenizer::chat::ChatMessage;
@@ -61,12 +61,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         prompt,
         max_new: args.max_new,
         stop_ids,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
+        sampling: args.sampling.params(),
         prompt_logits: args.dump_logits.is_some(),
     };
     let stats = if args.events.is_some() {

@@ -119,15 +119,33 @@ struct GenArgs {
     /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).
     #[arg(long)]
     stats: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// How tokens are picked (`run` and `chat`).
+#[derive(Args)]
+struct SamplingArgs {
     /// Sampling temperature; 0 is greedy (argmax, lowest id on ties). Sampling never changes which experts run.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     /// Nucleus sampling: keep the smallest set of tokens whose probability reaches this.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
-    /// Seed of the sampler: the same seed and request give the same tokens.
+    /// Seed of the sampler: the same seed and input give the same tokens.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> deltafin_engine::SamplingParams {
+        deltafin_engine::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Args)]

@@ -100,7 +100,7 @@ pub fn pack(a: PackArgs) -> Result<()> {
 pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
     let chunk = parse_size(&a.chunk)? as usize;
-    if chunk == 0 || chunk % deltafin_store::io::ALIGN != 0 || a.record == 0 {
+    if chunk == 0 || !chunk.is_multiple_of(deltafin_store::io::ALIGN) || a.record == 0 {
         bail!("--chunk must be a positive multiple of 4096 and --record positive");
     }
     std::fs::create_dir_all(&a.dir)?;

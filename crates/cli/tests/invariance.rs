@@ -10,21 +10,7 @@ const PROMPT: [u32; 10] = [5, 300, 17, 42, 511, 99, 256, 7, 64, 128];
 
 /// Prefill then 6 greedy steps; returns every logits row as raw bits.
 fn logits_bits(model: &Model) -> Vec<u32> {
-    let stats = Stats::default();
-    let mut s = model.new_session();
-    let mut all = model
-        .forward(&mut s, &PROMPT, LogitRows::All, &stats)
-        .unwrap();
-    let vocab = model.config().vocab_size;
-    for _ in 0..6 {
-        let last = &all[all.len() - vocab..];
-        let next = argmax(&last.iter().map(|&x| x as f64).collect::<Vec<_>>());
-        let step = model
-            .forward(&mut s, &[next], LogitRows::Last, &stats)
-            .unwrap();
-        all.extend_from_slice(&step);
-    }
-    all.iter().map(|x| x.to_bits()).collect()
+    greedy_logit_bits(model, &PROMPT, 6)
 }
 
 fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {

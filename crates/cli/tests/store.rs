@@ -12,23 +12,7 @@ const PROMPT: [u32; 6] = [5, 300, 17, 42, 511, 99];
 
 /// Prefill + 5 greedy steps, every logit as bits.
 fn logits(dir: &Path, opts: &LoadOptions) -> Vec<u32> {
-    let model = Model::load_with(dir, opts).unwrap();
-    let stats = Stats::default();
-    let mut s = model.new_session();
-    let mut all = model
-        .forward(&mut s, &PROMPT, LogitRows::All, &stats)
-        .unwrap();
-    let vocab = model.config().vocab_size;
-    for _ in 0..5 {
-        let last: Vec<f64> = all[all.len() - vocab..].iter().map(|&x| x as f64).collect();
-        let next = argmax(&last);
-        all.extend(
-            model
-                .forward(&mut s, &[next], LogitRows::Last, &stats)
-                .unwrap(),
-        );
-    }
-    all.iter().map(|x| x.to_bits()).collect()
+    greedy_logit_bits(&Model::load_with(dir, opts).unwrap(), &PROMPT, 5)
 }
 
 fn opts(cache_bytes: u64, prefetch: bool, direct_io: bool, pack: Option<PathBuf>) -> LoadOptions {
@@ -116,7 +100,7 @@ fn logits_are_identical_across_cache_prefetch_io_mode_packing_and_striping() {
         let m = model_dir(&t);
         let reference = logits(&m, &opts(0, false, false, None));
         let one = t.path().join("one");
-        pack(&m, &[one.clone()]);
+        pack(&m, std::slice::from_ref(&one));
         let three: Vec<PathBuf> = (0..3)
             .map(|i| t.path().join(format!("stripe{i}")))
             .collect();
@@ -170,7 +154,7 @@ fn corrupted_pack_record_is_an_error_naming_layer_expert_and_file() {
     let t = tiny(Arch::KimiK3, 13);
     let m = model_dir(&t);
     let dir = t.path().join("pack");
-    pack(&m, &[dir.clone()]);
+    pack(&m, std::slice::from_ref(&dir));
     // Flip one byte in every record so whichever is routed first is caught.
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
@@ -230,7 +214,7 @@ fn an_interrupted_pack_resumes_where_it_stopped() {
     let t = tiny(Arch::KimiK3, 15);
     let m = model_dir(&t);
     let whole = t.path().join("whole");
-    pack(&m, &[whole.clone()]);
+    pack(&m, std::slice::from_ref(&whole));
     let expected = std::fs::read(whole.join("experts-0.bin")).unwrap();
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(whole.join("manifest.json")).unwrap()).unwrap();
@@ -248,7 +232,7 @@ fn an_interrupted_pack_resumes_where_it_stopped() {
     partial[100] ^= 0xff;
     std::fs::write(resumed.join("experts-0.bin.partial"), &partial).unwrap();
 
-    pack(&m, &[resumed.clone()]);
+    pack(&m, std::slice::from_ref(&resumed));
     let got = std::fs::read(resumed.join("experts-0.bin")).unwrap();
     assert_eq!(got.len(), expected.len());
     assert_eq!(
@@ -269,7 +253,7 @@ fn a_short_read_is_an_error_naming_layer_expert_and_file() {
     let t = tiny(Arch::KimiK3, 17);
     let m = model_dir(&t);
     let dir = t.path().join("pack");
-    pack(&m, &[dir.clone()]);
+    pack(&m, std::slice::from_ref(&dir));
     let model = Model::load_with(&m, &opts(0, false, false, Some(dir.clone()))).unwrap();
     // The drive loses the data after start-up (a pulled cable, a truncating process).
     std::fs::OpenOptions::new()

@@ -19,7 +19,7 @@ pub use logprobs::{logprobs, TokenLogprob};
 pub use prefix_cache::{session_bytes, PrefixCache};
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
-pub use stop::{StopMatcher, Utf8Stream};
+pub use stop::StopMatcher;
 
 /// What to generate.
 #[derive(Clone, Debug)]

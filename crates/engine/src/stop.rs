@@ -1,7 +1,7 @@
 //! Text-level stopping, fed by the caller with each token's decoded bytes (the engine's loop never sees the
 //! tokenizer): [`StopMatcher`] finds stop strings across token boundaries and holds back bytes that might be
-//! the start of one, so a stop string is never emitted; [`Utf8Stream`] turns the released bytes into text
-//! without splitting a character.
+//! the start of one, so a stop string is never emitted. (Turning bytes into text without splitting a
+//! character is the tokenizer's `StreamDecoder`.)
 
 /// What one [`StopMatcher::push`] releases.
 #[derive(Debug, PartialEq, Eq)]
@@ -79,51 +79,6 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Bytes in, whole characters out: an incomplete UTF-8 sequence at the end waits for the next bytes;
-/// invalid bytes become U+FFFD.
-#[derive(Default)]
-pub struct Utf8Stream {
-    buf: Vec<u8>,
-}
-
-impl Utf8Stream {
-    pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.buf.extend_from_slice(bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.buf) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.buf.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    // The prefix was just validated.
-                    out.push_str(&String::from_utf8_lossy(&self.buf[..valid]));
-                    match e.error_len() {
-                        None => {
-                            self.buf.drain(..valid);
-                            return out;
-                        }
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            self.buf.drain(..valid + bad);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// At the end: whatever is left, lossily.
-    pub fn finish(&mut self) -> String {
-        let s = String::from_utf8_lossy(&self.buf).into_owned();
-        self.buf.clear();
-        s
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,19 +120,5 @@ mod tests {
     fn the_earliest_of_several_stops_wins() {
         assert_eq!(run(&["zz", "b"], &["abzz"]), ("a".into(), true));
         assert_eq!(run(&["", "q"], &["abc"]), ("abc".into(), false));
-    }
-
-    #[test]
-    fn utf8_characters_are_never_split() {
-        let bytes = "é€😀".as_bytes();
-        let mut u = Utf8Stream::default();
-        let mut out = String::new();
-        for b in bytes {
-            out.push_str(&u.push(&[*b]));
-        }
-        assert_eq!(out, "é€😀");
-        assert_eq!(u.push(&[b'a', 0xff, b'b']), "a\u{fffd}b");
-        assert_eq!(u.push(&[0xe2, 0x82]), "");
-        assert_eq!(u.finish(), "\u{fffd}");
     }
 }

@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// One row's routing in one layer: (layer, expert ids).
+pub type Route = (usize, Vec<usize>);
+
 /// What the passes did (the store counts what the disk did): expert bytes computed with, time per layer,
 /// and — when asked for — every row's routing, the trace that cache and prefetch studies replay.
 #[derive(Default)]
@@ -20,7 +23,7 @@ pub struct Stats {
     pub expert_bytes: AtomicU64,
     pub expert_uses: AtomicU64,
     layer_secs: Mutex<Vec<f64>>,
-    routes: Option<Mutex<Vec<(usize, Vec<usize>)>>>,
+    routes: Option<Mutex<Vec<Route>>>,
 }
 
 impl Stats {
@@ -38,7 +41,7 @@ impl Stats {
         }
     }
 
-    pub fn take_routes(&self) -> Vec<(usize, Vec<usize>)> {
+    pub fn take_routes(&self) -> Vec<Route> {
         self.routes
             .as_ref()
             .map(|r| std::mem::take(&mut *r.lock().unwrap()))

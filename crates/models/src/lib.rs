@@ -79,9 +79,9 @@ impl Model {
         let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
         Ok(match cfg.family {
             Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts, &resident)?),
-            Family::KimiLinear => {
-                Model::KimiLinear(kimi_linear::KimiLinear::load(&ck, cfg, &experts, &resident)?)
-            }
+            Family::KimiLinear => Model::KimiLinear(kimi_linear::KimiLinear::load(
+                &ck, cfg, &experts, &resident,
+            )?),
         })
     }
 

@@ -1,9 +1,10 @@
 //! Request bodies, read field by field so that every error names its field: unknown fields and fields
 //! deltafin does not support are rejected (never silently ignored), except `user` and `metadata`.
 
-use crate::chat::{Effort, Message, Role};
+use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
 use deltafin_engine::SamplingParams;
+use deltafin_tokenizer::chat::{ChatMessage, Role};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -260,9 +261,9 @@ fn random_seed() -> u64 {
 
 pub struct ChatRequest {
     pub common: Common,
-    pub messages: Vec<Message>,
+    pub messages: Vec<ChatMessage>,
     pub top_logprobs: Option<usize>,
-    pub effort: Option<Effort>,
+    pub effort: ReasoningEffort,
 }
 
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
@@ -302,13 +303,13 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         }
     }
     let effort = match f.get::<String>("reasoning_effort")? {
-        None => None,
-        Some(s) => Some(Effort::parse(&s).ok_or_else(|| {
+        None => ReasoningEffort::Think(None),
+        Some(s) => ReasoningEffort::parse(&s).ok_or_else(|| {
             ApiError::invalid(
                 "reasoning_effort",
                 format!("reasoning_effort must be one of none, low, medium, high; got {s:?}"),
             )
-        })?),
+        })?,
     };
     Ok(ChatRequest {
         common,
@@ -318,7 +319,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     })
 }
 
-fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     let at = |k: &str| format!("messages[{i}].{k}");
     let Value::Object(o) = m else {
         return Err(ApiError::invalid(
@@ -397,11 +398,10 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
             Some(_) => Err(ApiError::invalid(at(k), format!("'{k}' must be a string"))),
         }
     };
-    Ok(Message {
-        role,
-        content,
+    Ok(ChatMessage {
         name: string("name")?,
         reasoning: string("reasoning_content")?,
+        ..ChatMessage::new(role, content)
     })
 }
 

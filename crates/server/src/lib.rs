@@ -72,7 +72,7 @@ pub(crate) struct AppState {
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     /// Chat needs the template's special tokens; without them only `/v1/completions` works.
-    xtml: Result<chat::Xtml, String>,
+    markup: Result<chat::Markup, String>,
     vocab: usize,
     /// Tokens that end a generation: the model's EOS and `<|end_of_msg|>`.
     stop_ids: Vec<u32>,
@@ -100,7 +100,7 @@ pub async fn serve(
             .context("starting the generation worker")?,
     );
     let state = Arc::new(AppState {
-        xtml: chat::Xtml::new(&tokenizer).map_err(|e| format!("{e:#}")),
+        markup: chat::Markup::new(&tokenizer).map_err(|e| format!("{e:#}")),
         vocab: model.config().vocab_size,
         stop_ids,
         tokenizer,

@@ -136,18 +136,18 @@ async fn respond(planned: Result<Planned, ApiError>) -> Response {
 fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
     let req = api::chat(&body(b)?)?;
     check_model(s, &req.common)?;
-    let xtml = s.xtml.as_ref().map_err(|e| {
+    let markup = s.markup.as_ref().map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             format!("this model cannot chat: {e}; use /v1/completions"),
         )
     })?;
-    let prompt = xtml.render(&s.tokenizer, &req.messages, req.effort);
+    let prompt = req.effort.render(&s.tokenizer, &req.messages);
     let (tx, rx) = unbounded_channel();
     let sink = ChannelSink::chat(
         s.tokenizer.clone(),
-        xtml,
+        markup,
         req.effort,
         &req.common.stop,
         s.stop_ids.clone(),

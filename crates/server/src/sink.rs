@@ -3,9 +3,10 @@
 //! sent, and whole characters go over an unbounded channel. A dropped receiver (the client went away) reads
 //! as cancellation, so the worker drops the job before its next pass.
 
-use crate::chat::{Channel, Effort, ReplyParser, Xtml};
-use deltafin_engine::{FinishReason, Finished, Flow, Sink, StopMatcher, TokenLogprob, Utf8Stream};
-use deltafin_tokenizer::Tokenizer;
+use crate::chat::{Markup, ReasoningEffort};
+use deltafin_engine::{FinishReason, Finished, Flow, Sink, StopMatcher, TokenLogprob};
+use deltafin_tokenizer::chat::{ReplyEvent, ReplyParser};
+use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -40,47 +41,41 @@ pub struct Usage {
     pub reasoning_tokens: usize,
 }
 
-/// One output channel's text pipeline.
+/// One output channel's stop strings. Its input is whole characters, and a stop string starts with one, so
+/// what it releases is whole characters too.
 struct TextOut {
     stop: StopMatcher,
-    utf8: Utf8Stream,
 }
 
 impl TextOut {
     fn new(stops: &[String]) -> TextOut {
         TextOut {
             stop: StopMatcher::new(stops),
-            utf8: Utf8Stream::default(),
         }
     }
 
     /// (text released, stop string hit)
-    fn push(&mut self, bytes: &[u8]) -> (String, bool) {
-        let r = self.stop.push(bytes);
-        let mut text = self.utf8.push(&r.bytes);
-        if r.stopped {
-            text.push_str(&self.utf8.finish());
-        }
-        (text, r.stopped)
+    fn push(&mut self, text: &str) -> (String, bool) {
+        let r = self.stop.push(text.as_bytes());
+        (String::from_utf8_lossy(&r.bytes).into_owned(), r.stopped)
     }
 
     fn finish(&mut self) -> String {
-        let held = self.stop.flush();
-        let mut text = self.utf8.push(&held);
-        text.push_str(&self.utf8.finish());
-        text
+        String::from_utf8_lossy(&self.stop.flush()).into_owned()
     }
 }
 
 pub enum Mode {
-    /// Chat: a reply parser splits reasoning from content; logprobs cover content tokens.
-    Chat(ReplyParser),
-    /// Raw completion: every token is text.
+    /// Chat: a reply parser splits reasoning from content (it reads K3's markup tokens; other special
+    /// tokens are dropped); logprobs cover content tokens.
+    Chat(ReplyParser, Markup),
+    /// Raw completion: every token is text but special ones.
     Completion,
 }
 
 pub struct ChannelSink {
     tokenizer: Arc<Tokenizer>,
+    decoder: StreamDecoder<Arc<Tokenizer>>,
     tx: UnboundedSender<Msg>,
     mode: Mode,
     stop_ids: Vec<u32>,
@@ -93,15 +88,15 @@ pub struct ChannelSink {
 impl ChannelSink {
     pub fn chat(
         tokenizer: Arc<Tokenizer>,
-        xtml: &Xtml,
-        effort: Option<Effort>,
+        markup: &Markup,
+        effort: ReasoningEffort,
         stops: &[String],
         stop_ids: Vec<u32>,
         tx: UnboundedSender<Msg>,
     ) -> ChannelSink {
         ChannelSink::new(
             tokenizer,
-            Mode::Chat(ReplyParser::new(xtml, effort)),
+            Mode::Chat(effort.reply_parser(), markup.clone()),
             stops,
             stop_ids,
             tx,
@@ -125,6 +120,7 @@ impl ChannelSink {
         tx: UnboundedSender<Msg>,
     ) -> ChannelSink {
         ChannelSink {
+            decoder: StreamDecoder::new(tokenizer.clone()),
             tokenizer,
             tx,
             mode,
@@ -134,6 +130,33 @@ impl ChannelSink {
             hit_stop: false,
             reasoning_tokens: 0,
         }
+    }
+
+    /// Runs reply events through the channels' stop strings: (reasoning, content, stop string hit).
+    fn route(&mut self, events: Vec<ReplyEvent>) -> (String, String, bool) {
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        for event in events {
+            let stopped = match event {
+                ReplyEvent::Reasoning(t) => {
+                    let (text, stopped) = self.reasoning.push(&t);
+                    reasoning.push_str(&text);
+                    stopped
+                }
+                ReplyEvent::Content(t) => {
+                    // Reasoning held back for a possible stop string is complete once the answer starts.
+                    reasoning.push_str(&self.reasoning.finish());
+                    let (text, stopped) = self.content.push(&t);
+                    content.push_str(&text);
+                    stopped
+                }
+                // The API offers no tools, so a tool call the model writes anyway is not passed on.
+                ReplyEvent::ToolCall(_) => false,
+            };
+            if stopped {
+                return (reasoning, content, true);
+            }
+        }
+        (reasoning, content, false)
     }
 
     fn token_text(&self, id: u32) -> (String, Vec<u8>) {
@@ -164,43 +187,34 @@ impl Sink for ChannelSink {
         if self.stop_ids.contains(&token) {
             return Flow::Continue;
         }
-        let bytes = match self.tokenizer.decode_bytes(&[token]) {
-            Ok(b) => b,
-            Err(e) => {
-                // Ends the job; `finished` then reports it as an error rather than a stop.
-                let _ = self.tx.send(Msg::Error(format!(
-                    "cannot decode a generated token: {e:#}"
-                )));
-                return Flow::Stop;
+        // Special tokens are structure, not text (chat's parser reads K3's markup ones).
+        let dropped = self.tokenizer.special_name(token).is_some()
+            && !matches!(&self.mode, Mode::Chat(_, markup) if markup.contains(token));
+        let text = if dropped {
+            String::new()
+        } else {
+            match self.decoder.push(token) {
+                Ok(t) => t,
+                Err(e) => {
+                    // Ends the job; `finished` then reports it as an error rather than a stop.
+                    let _ = self.tx.send(Msg::Error(format!(
+                        "cannot decode a generated token: {e:#}"
+                    )));
+                    return Flow::Stop;
+                }
             }
         };
-        let (channel, piece) = match &mut self.mode {
-            // Special tokens are structure, not text.
-            Mode::Completion if token as usize >= self.tokenizer.num_ranks() => {
-                (Channel::Content, None)
-            }
-            Mode::Completion => (Channel::Content, Some((Channel::Content, bytes))),
-            Mode::Chat(parser) => (parser.channel(), parser.push(token, &bytes)),
+        let (in_reasoning, events) = match &mut self.mode {
+            Mode::Chat(parser, _) => (parser.in_reasoning(), parser.push(&text)),
+            Mode::Completion => (false, vec![ReplyEvent::Content(text)]),
         };
-        if channel == Channel::Reasoning {
-            self.reasoning_tokens += 1;
-        }
-        let (mut reasoning, mut content, mut stopped) = (String::new(), String::new(), false);
         let mut logprobs = Vec::new();
-        if channel == Channel::Content {
-            if let Some(lp) = &logprob {
-                logprobs.push(self.logprob_item(lp));
-            }
+        if in_reasoning {
+            self.reasoning_tokens += 1;
+        } else if let Some(lp) = &logprob {
+            logprobs.push(self.logprob_item(lp));
         }
-        match piece {
-            Some((Channel::Reasoning, bytes)) => (reasoning, stopped) = self.reasoning.push(&bytes),
-            Some((Channel::Content, bytes)) => {
-                // Reasoning held back for a possible stop string is complete once the answer starts.
-                reasoning = self.reasoning.finish();
-                (content, stopped) = self.content.push(&bytes);
-            }
-            None => {}
-        }
+        let (reasoning, content, stopped) = self.route(events);
         if !reasoning.is_empty() || !content.is_empty() || !logprobs.is_empty() {
             let _ = self.tx.send(Msg::Delta {
                 reasoning,
@@ -227,7 +241,14 @@ impl Sink for ChannelSink {
             return; // `token` already reported why it stopped (a decoding error).
         }
         if !self.hit_stop {
-            let (reasoning, content) = (self.reasoning.finish(), self.content.finish());
+            let rest = self.decoder.finish();
+            let events = match &mut self.mode {
+                Mode::Chat(parser, _) => parser.finish(&rest),
+                Mode::Completion => vec![ReplyEvent::Content(rest)],
+            };
+            let (mut reasoning, mut content, _) = self.route(events);
+            reasoning.push_str(&self.reasoning.finish());
+            content.push_str(&self.content.finish());
             if !reasoning.is_empty() || !content.is_empty() {
                 let _ = self.tx.send(Msg::Delta {
                     reasoning,

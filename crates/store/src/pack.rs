@@ -260,9 +260,13 @@ pub fn open_pack(dir: &Path, model_identity: &str) -> Result<Manifest> {
     Ok(m)
 }
 
+/// What [`crate::ExpertStore::new`] takes: the data files (path and drive), and each layer's records by
+/// expert.
+pub type StoreLayout = (Vec<(PathBuf, usize)>, Vec<Vec<RecordLoc>>);
+
 impl Manifest {
     /// The pack's files (stripe order) and records by layer, for [`crate::ExpertStore::new`].
-    pub fn records(&self, n_layers: usize) -> Result<(Vec<(PathBuf, usize)>, Vec<Vec<RecordLoc>>)> {
+    pub fn records(&self, n_layers: usize) -> Result<StoreLayout> {
         let files = self
             .stripes
             .iter()

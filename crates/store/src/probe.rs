@@ -122,7 +122,14 @@ pub fn probe(
 
 /// The same measurement through io_uring: one thread keeps `depth` reads in flight in a submission ring.
 /// Kept beside the thread pool so `disk-probe --engine uring` can compare the two on each machine.
-pub fn probe_uring(path: &Path, bytes: u64, record: usize, chunk: usize, depth: usize, direct: bool) -> Result<ProbeResult> {
+pub fn probe_uring(
+    path: &Path,
+    bytes: u64,
+    record: usize,
+    chunk: usize,
+    depth: usize,
+    direct: bool,
+) -> Result<ProbeResult> {
     use io_uring::{opcode, types, IoUring};
     let file = DataFile::open(path, direct, 0)?;
     let len = std::fs::metadata(path)?.len();
@@ -139,7 +146,8 @@ pub fn probe_uring(path: &Path, bytes: u64, record: usize, chunk: usize, depth: 
         }
     }
     let depth = depth.max(1);
-    let mut ring = IoUring::new(depth as u32 * 2).context("io_uring is not available on this kernel")?;
+    let mut ring =
+        IoUring::new(depth as u32 * 2).context("io_uring is not available on this kernel")?;
     let bufs = AlignedBuf::new(depth * chunk);
     let fd = types::Fd(file.file.as_raw_fd());
     let mut free: Vec<usize> = (0..depth).collect();
@@ -154,14 +162,18 @@ pub fn probe_uring(path: &Path, bytes: u64, record: usize, chunk: usize, depth: 
                 .build()
                 .user_data((slot as u64) << 32);
             // SAFETY: the buffer slot stays valid and unused until its completion is reaped.
-            unsafe { ring.submission().push(&entry) }.map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
+            unsafe { ring.submission().push(&entry) }
+                .map_err(|_| anyhow::anyhow!("io_uring submission queue full"))?;
             next += 1;
         }
         ring.submit_and_wait(1)?;
         for cqe in ring.completion() {
             let slot = (cqe.user_data() >> 32) as usize;
             if cqe.result() < 0 {
-                anyhow::bail!("io_uring read failed: {}", std::io::Error::from_raw_os_error(-cqe.result()));
+                anyhow::bail!(
+                    "io_uring read failed: {}",
+                    std::io::Error::from_raw_os_error(-cqe.result())
+                );
             }
             // A short read (end of file) counts what arrived; the probe only measures bandwidth.
             total += cqe.result() as u64;
@@ -169,5 +181,11 @@ pub fn probe_uring(path: &Path, bytes: u64, record: usize, chunk: usize, depth: 
             done += 1;
         }
     }
-    Ok(ProbeResult { path: path.to_path_buf(), mode: file.mode, bytes: total, secs: t0.elapsed().as_secs_f64(), workers: depth })
+    Ok(ProbeResult {
+        path: path.to_path_buf(),
+        mode: file.mode,
+        bytes: total,
+        secs: t0.elapsed().as_secs_f64(),
+        workers: depth,
+    })
 }

@@ -2,20 +2,24 @@
 
 use crate::Tokenizer;
 use anyhow::Result;
+use std::borrow::Borrow;
 
 /// Turns a stream of token ids into text pieces. A character whose bytes are split across tokens is held
 /// back until its last byte arrives; bytes that can never complete a character come out as U+FFFD right
 /// away (one per invalid subsequence, as `String::from_utf8_lossy` does), so nothing is held forever.
 /// Special ids come out as their names. Concatenating every returned piece and [`Self::finish`] gives
 /// `String::from_utf8_lossy` of all the tokens' bytes.
-pub struct StreamDecoder<'t> {
-    tokenizer: &'t Tokenizer,
+///
+/// It holds the tokenizer as `T`: a `&Tokenizer` usually, an `Arc<Tokenizer>` where the decoder must own it
+/// (a sink handed to another thread).
+pub struct StreamDecoder<T: Borrow<Tokenizer>> {
+    tokenizer: T,
     /// Bytes of an incomplete character (at most 3).
     pending: Vec<u8>,
 }
 
-impl<'t> StreamDecoder<'t> {
-    pub fn new(tokenizer: &'t Tokenizer) -> Self {
+impl<T: Borrow<Tokenizer>> StreamDecoder<T> {
+    pub fn new(tokenizer: T) -> Self {
         StreamDecoder {
             tokenizer,
             pending: Vec::new(),
@@ -24,7 +28,7 @@ impl<'t> StreamDecoder<'t> {
 
     /// The text completed by token `id` (possibly empty). Errors only for ids outside the vocabulary.
     pub fn push(&mut self, id: u32) -> Result<String> {
-        let bytes = self.tokenizer.decode_bytes(&[id])?;
+        let bytes = self.tokenizer.borrow().decode_bytes(&[id])?;
         Ok(self.push_bytes(&bytes))
     }
 

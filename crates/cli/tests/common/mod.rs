@@ -3,6 +3,7 @@
 
 use deltafin_formats::npy::{self, Array2};
 use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_models::{LogitRows, Model, Stats};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -66,6 +67,26 @@ pub fn argmax(row: &[f64]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Prefill `prompt`, then `steps` greedy single-token steps; every logits row (prompt rows first) as raw bits.
+pub fn greedy_logit_bits(model: &Model, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let stats = Stats::default();
+    let mut s = model.new_session();
+    let mut all = model
+        .forward(&mut s, prompt, LogitRows::All, &stats)
+        .unwrap();
+    let vocab = model.config().vocab_size;
+    for _ in 0..steps {
+        let last: Vec<f64> = all[all.len() - vocab..].iter().map(|&x| x as f64).collect();
+        let next = argmax(&last);
+        all.extend(
+            model
+                .forward(&mut s, &[next], LogitRows::Last, &stats)
+                .unwrap(),
+        );
+    }
+    all.iter().map(|x| x.to_bits()).collect()
 }
 
 /// python3 with numpy, or a failure that says how to get it (never a silent skip).

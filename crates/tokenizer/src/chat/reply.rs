@@ -66,6 +66,12 @@ impl ReplyParser {
         Self::starting_in(State::Content)
     }
 
+    /// Whether the reply is still inside its think block (what is pushed next is reasoning unless it
+    /// completes a marker that ends the block).
+    pub fn in_reasoning(&self) -> bool {
+        self.state == State::Reasoning
+    }
+
     fn starting_in(state: State) -> Self {
         ReplyParser {
             state,

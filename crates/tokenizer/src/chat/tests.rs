@@ -195,7 +195,14 @@ fn reply_parser_edge_cases() {
     assert!(r.tool_calls.is_empty());
     // Starting in content (a prompt without the think open).
     let mut p = ReplyParser::starting_in_content();
+    assert!(!p.in_reasoning());
     assert_eq!(p.finish("hi"), vec![ReplyEvent::Content("hi".into())]);
+    // The think block ends only once its close marker is complete.
+    let mut p = ReplyParser::new();
+    p.push("a<|close|>think");
+    assert!(p.in_reasoning());
+    p.push("<|sep|>");
+    assert!(!p.in_reasoning());
     // Held text is released as soon as it can no longer be a marker.
     let mut p = ReplyParser::new();
     assert_eq!(p.push("a<|clo"), vec![ReplyEvent::Reasoning("a".into())]);
