@@ -117,3 +117,21 @@ fn float64_reference_selftest_passes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The trained Shakespeare target and drafter (tools/train/) against their PyTorch float64 goldens: same
+/// greedy tokens, every row within 1e-4 (see docs/trained-model.md).
+#[test]
+fn trained_models_match_their_pytorch_goldens() {
+    let out = python()
+        .arg(repo_root().join("tools/train/check_agreement.py"))
+        .arg("--engine")
+        .arg(env!("CARGO_BIN_EXE_deltafin"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "check_agreement failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
