@@ -323,9 +323,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
 }
 
 pub fn load_tokenizer(dir: &Path) -> Result<Tokenizer> {
-    if !dir.join("tiktoken.model").exists() {
+    if !Tokenizer::present_in(dir) {
         bail!(
-            "{} has no tiktoken.model, so text cannot be tokenized. Point --model at a checkpoint directory that includes its tokenizer files.",
+            "{} has no tiktoken.model or tokenizer.json, so text cannot be tokenized. Point --model at a checkpoint directory that includes its tokenizer files.",
             dir.display()
         );
     }

@@ -44,7 +44,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     let model = CudaModel::load(dir, load, &opts).context("--device cuda")?;
     let load_secs = t_load.elapsed().as_secs_f64();
     let cfg = model.config().clone();
-    let tokenizer = if dir.join("tiktoken.model").exists() {
+    let tokenizer = if Tokenizer::present_in(dir) {
         Some(Tokenizer::from_dir(dir)?)
     } else {
         None
@@ -53,7 +53,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => tokenizer
             .as_ref()
-            .with_context(|| format!("{} has no tiktoken.model; pass --prompt-ids", dir.display()))?
+            .with_context(|| format!("{} has no tiktoken.model or tokenizer.json; pass --prompt-ids", dir.display()))?
             .encode(text),
         (None, None) => bail!("pass --prompt TEXT or --prompt-ids 1,2,3"),
     };

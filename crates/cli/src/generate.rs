@@ -19,7 +19,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
     let cfg = model.config();
     let vocab = cfg.vocab_size;
-    let tokenizer = if dir.join("tiktoken.model").exists() {
+    let tokenizer = if Tokenizer::present_in(dir) {
         Some(Tokenizer::from_dir(dir)?)
     } else {
         None
@@ -33,7 +33,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         (Some(text), _) => {
             let tok = tokenizer.as_ref().with_context(|| {
                 format!(
-                    "{} has no tiktoken.model; pass --prompt-ids instead of --prompt",
+                    "{} has no tiktoken.model or tokenizer.json; pass --prompt-ids instead of --prompt",
                     dir.display()
                 )
             })?;

@@ -29,6 +29,9 @@ pub struct StoreArgs {
     /// Reads in flight per drive.
     #[arg(long, default_value_t = 8)]
     pub io_workers: usize,
+    /// How reads are kept in flight: "pool" (reader threads) or "uring" (one io_uring ring per drive).
+    #[arg(long, default_value = "pool")]
+    pub io_engine: deltafin_store::io::Backend,
     /// Memory for all weights (e.g. 48G). Spine layers beyond it are read from disk on every pass,
     /// double-buffered. Default: no limit (the whole spine stays resident).
     #[arg(long, value_name = "SIZE")]
@@ -54,6 +57,7 @@ impl StoreArgs {
                 workers_per_drive: self.io_workers,
                 policy: self.cache_policy,
                 prefetch: !self.no_prefetch,
+                backend: self.io_engine,
                 ..StoreOptions::default()
             },
             pack: self.pack.clone(),
@@ -71,6 +75,7 @@ impl Default for StoreArgs {
             no_prefetch: false,
             buffered_io: false,
             io_workers: 8,
+            io_engine: deltafin_store::io::Backend::Pool,
             memory_budget: None,
         }
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// Checkpoint directory holding tiktoken.model and tokenizer_config.json.
+    /// Checkpoint directory holding tiktoken.model (or tokenizer.json) and tokenizer_config.json.
     #[arg(long)]
     model: PathBuf,
     /// The text to tokenize.

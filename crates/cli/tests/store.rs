@@ -110,6 +110,16 @@ fn logits_are_identical_across_cache_prefetch_io_mode_packing_and_striping() {
             ("prefetch on", opts(0, true, false, None)),
             ("cache + prefetch", opts(64 << 20, true, false, None)),
             ("direct I/O", opts(0, true, true, None)),
+            (
+                "io_uring",
+                LoadOptions {
+                    store: StoreOptions {
+                        backend: deltafin_store::io::Backend::Uring,
+                        ..opts(0, true, true, None).store
+                    },
+                    ..opts(0, true, true, None)
+                },
+            ),
             ("packed", opts(0, true, true, Some(one.clone()))),
             (
                 "3 stripes",

@@ -290,6 +290,13 @@ pub struct IoEngine {
 
 impl IoEngine {
     pub fn new(drives: usize, workers_per_drive: usize) -> Arc<IoEngine> {
+        IoEngine::with_backend(drives, workers_per_drive, Backend::Pool)
+    }
+
+    /// `depth` reads in flight per drive: `depth` reader threads (pool), or one thread keeping `depth` reads
+    /// in an io_uring submission ring.
+    pub fn with_backend(drives: usize, depth: usize, backend: Backend) -> Arc<IoEngine> {
+        let workers_per_drive = depth;
         let counters = Arc::new(IoCounters::default());
         let engine = Arc::new(IoEngine {
             drives: (0..drives.max(1))
@@ -307,6 +314,21 @@ impl IoEngine {
         });
         let mut handles = Vec::new();
         for drive in &engine.drives {
+            if backend == Backend::Uring {
+                let (drive, counters, cap) = (
+                    drive.clone(),
+                    counters.clone(),
+                    engine.max_prefetch_in_flight,
+                );
+                let depth = workers_per_drive.max(1);
+                handles.push(
+                    std::thread::Builder::new()
+                        .name("deltafin-uring".into())
+                        .spawn(move || uring_worker(drive, counters, cap, depth))
+                        .expect("spawn I/O worker"),
+                );
+                continue;
+            }
             for i in 0..workers_per_drive.max(1) {
                 let (drive, counters, cap) = (
                     drive.clone(),
@@ -380,52 +402,168 @@ impl Drop for IoEngine {
     }
 }
 
-fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
+/// How reads are kept in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Reader threads doing positioned reads.
+    Pool,
+    /// One thread per drive driving an io_uring ring.
+    Uring,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pool" => Ok(Backend::Pool),
+            "uring" => Ok(Backend::Uring),
+            _ => Err(format!("unknown I/O engine {s:?}; choose pool or uring")),
+        }
+    }
+}
+
+/// Takes the next op for a drive: demand first, prefetch only below its in-flight cap. `None` on shutdown.
+fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(ReadOp, bool)>> {
+    let mut q = drive.queues.lock().unwrap();
     loop {
-        let (op, demand) = {
-            let mut q = drive.queues.lock().unwrap();
-            loop {
-                if let Some(op) = q.demand.pop_front() {
-                    break (op, true);
-                }
-                if q.prefetch_in_flight < max_prefetch {
-                    if let Some(op) = q.prefetch.pop_front() {
-                        q.prefetch_in_flight += 1;
-                        break (op, false);
-                    }
-                }
-                if q.shutdown {
-                    return;
-                }
-                q = drive.wake.wait(q).unwrap();
+        if let Some(op) = q.demand.pop_front() {
+            return Some(Some((op, true)));
+        }
+        if q.prefetch_in_flight < max_prefetch {
+            if let Some(op) = q.prefetch.pop_front() {
+                q.prefetch_in_flight += 1;
+                return Some(Some((op, false)));
             }
-        };
-        // SAFETY: the slab keeps `dst..dst+len` alive and untouched by anyone else until `done` completes.
-        let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
+        }
+        if q.shutdown {
+            return None;
+        }
+        if !block {
+            return Some(None);
+        }
+        q = drive.wake.wait(q).unwrap();
+    }
+}
+
+/// Accounts for a finished read and wakes whoever waits on it.
+fn complete(drive: &Drive, counters: &IoCounters, op: &ReadOp, demand: bool, err: Option<String>) {
+    counters.reads.fetch_add(1, Ordering::Relaxed);
+    let bytes = if demand {
+        &counters.demand_bytes
+    } else {
+        &counters.prefetch_bytes
+    };
+    bytes.fetch_add(op.len as u64, Ordering::Relaxed);
+    if !demand {
+        drive.queues.lock().unwrap().prefetch_in_flight -= 1;
+        drive.wake.notify_one();
+    }
+    op.done.finish_chunk(err);
+    counters.end();
+}
+
+fn read_error(op: &ReadOp, e: std::io::Error) -> String {
+    format!(
+        "{}: {} bytes at offset {}: {e}",
+        op.file.path.display(),
+        op.len,
+        op.offset
+    )
+}
+
+/// The io_uring reader of one drive: keeps up to `depth` reads in the ring, refilling as they complete.
+fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize, depth: usize) {
+    use io_uring::{opcode, types, IoUring};
+    use std::os::unix::io::AsRawFd;
+    let mut ring = match IoUring::new((depth * 2) as u32) {
+        Ok(r) => r,
+        // No io_uring on this kernel: serve the queue with positioned reads instead.
+        Err(_) => return worker(drive, counters, max_prefetch),
+    };
+    let mut in_flight: Vec<Option<(ReadOp, bool)>> = (0..depth).map(|_| None).collect();
+    loop {
+        // Refill free slots; block for work only when nothing is in flight.
+        let busy = in_flight.iter().filter(|s| s.is_some()).count();
+        for slot in 0..depth {
+            if in_flight[slot].is_some() {
+                continue;
+            }
+            let block = busy == 0 && in_flight.iter().all(|s| s.is_none());
+            let Some(next) = next_op(&drive, max_prefetch, block) else {
+                return;
+            };
+            let Some((op, demand)) = next else { break };
+            let entry =
+                opcode::Read::new(types::Fd(op.file.file.as_raw_fd()), op.dst, op.len as u32)
+                    .offset(op.offset)
+                    .build()
+                    .user_data(slot as u64);
+            // SAFETY: `op.dst..+len` stays valid and untouched until this read completes (the slab's promise),
+            // and `op` (holding the file open) lives in `in_flight` until then.
+            if unsafe { ring.submission().push(&entry) }.is_err() {
+                let err = op
+                    .file
+                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .err()
+                    .map(|e| read_error(&op, e));
+                complete(&drive, &counters, &op, demand, err);
+                continue;
+            }
+            in_flight[slot] = Some((op, demand));
+        }
+        if in_flight.iter().all(|s| s.is_none()) {
+            continue;
+        }
+        if let Err(e) = ring.submit_and_wait(1) {
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The ring failed as a whole: finish what it held with positioned reads.
+            for (op, demand) in in_flight.iter_mut().filter_map(Option::take) {
+                let err = op
+                    .file
+                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .err()
+                    .map(|e| read_error(&op, e));
+                complete(&drive, &counters, &op, demand, err);
+            }
+            continue;
+        }
+        let done: Vec<(usize, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data() as usize, c.result()))
+            .collect();
+        for (slot, res) in done {
+            let Some((op, demand)) = in_flight[slot].take() else {
+                continue;
+            };
+            // Whatever the ring could not finish in one go (EINVAL from a direct read, a short read) is completed
+            // with the same positioned read the pool uses.
+            let err = if res >= 0 && res as usize >= op.need {
+                None
+            } else {
+                op.file
+                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .err()
+                    .map(|e| read_error(&op, e))
+            };
+            complete(&drive, &counters, &op, demand, err);
+        }
+    }
+}
+
+fn unsafe_slice(op: &ReadOp) -> &mut [u8] {
+    // SAFETY: the destination belongs to this op alone until it completes.
+    unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) }
+}
+
+fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
+    while let Some(Some((op, demand))) = next_op(&drive, max_prefetch, true) {
         let err = op
             .file
-            .read_at_least(buf, op.offset, op.need)
+            .read_at_least(unsafe_slice(&op), op.offset, op.need)
             .err()
-            .map(|e| {
-                format!(
-                    "{}: {} bytes at offset {}: {e}",
-                    op.file.path.display(),
-                    op.len,
-                    op.offset
-                )
-            });
-        counters.reads.fetch_add(1, Ordering::Relaxed);
-        let bytes = if demand {
-            &counters.demand_bytes
-        } else {
-            &counters.prefetch_bytes
-        };
-        bytes.fetch_add(op.len as u64, Ordering::Relaxed);
-        if !demand {
-            drive.queues.lock().unwrap().prefetch_in_flight -= 1;
-            drive.wake.notify_one();
-        }
-        op.done.finish_chunk(err);
-        counters.end();
+            .map(|e| read_error(&op, e));
+        complete(&drive, &counters, &op, demand, err);
     }
 }

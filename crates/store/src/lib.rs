@@ -45,6 +45,8 @@ pub struct StoreOptions {
     pub chunk_bytes: usize,
     pub policy: Policy,
     pub prefetch: bool,
+    /// Reader threads or io_uring.
+    pub backend: io::Backend,
 }
 
 impl Default for StoreOptions {
@@ -57,6 +59,7 @@ impl Default for StoreOptions {
             chunk_bytes: 1 << 20,
             policy: Policy::default(),
             prefetch: true,
+            backend: io::Backend::Pool,
         }
     }
 }
@@ -225,7 +228,7 @@ impl ExpertStore {
                 prefetched: false,
             })
             .collect();
-        let io = IoEngine::new(drives, opts.workers_per_drive);
+        let io = IoEngine::with_backend(drives, opts.workers_per_drive, opts.backend);
         Ok(ExpertStore {
             files,
             prediction: Mutex::new(vec![(None, LayerPrediction::default()); layers.len()]),
