@@ -53,7 +53,12 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => tokenizer
             .as_ref()
-            .with_context(|| format!("{} has no tiktoken.model or tokenizer.json; pass --prompt-ids", dir.display()))?
+            .with_context(|| {
+                format!(
+                    "{} has no tiktoken.model or tokenizer.json; pass --prompt-ids",
+                    dir.display()
+                )
+            })?
             .encode(text),
         (None, None) => bail!("pass --prompt TEXT or --prompt-ids 1,2,3"),
     };

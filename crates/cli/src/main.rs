@@ -80,7 +80,7 @@ struct RunArgs {
 
 #[derive(Args)]
 struct GenArgs {
-    /// Prompt text, tokenized with the checkpoint's tiktoken.model (no BOS is prepended).
+    /// Prompt text, tokenized with the checkpoint's tiktoken.model or tokenizer.json (no BOS is prepended).
     #[arg(
         long,
         conflicts_with = "prompt_ids",

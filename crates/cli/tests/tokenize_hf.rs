@@ -13,7 +13,9 @@ fn write_checkpoint(dir: &std::path::Path) {
     let mut next = 256;
     let mut vocab = Map::new();
     for b in 0..=255u32 {
-        let c = if (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+        let c = if (0x21..=0x7E).contains(&b)
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b)
         {
             char::from_u32(b).unwrap()
         } else {
@@ -50,8 +52,18 @@ fn write_checkpoint(dir: &std::path::Path) {
 }
 
 fn tokenize(dir: &std::path::Path, args: &[&str]) -> Vec<u32> {
-    let out = bin().arg("tokenize").args(args).arg("--model").arg(dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .arg("tokenize")
+        .args(args)
+        .arg("--model")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

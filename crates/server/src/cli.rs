@@ -12,7 +12,7 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Hugging Face checkpoint directory (config.json, safetensors shards, tiktoken.model).
+    /// Hugging Face checkpoint directory (config.json, safetensors shards, tiktoken.model or tokenizer.json).
     #[arg(long)]
     pub model: PathBuf,
     /// Address to listen on (use 0.0.0.0 to accept other machines; then set --api-key).

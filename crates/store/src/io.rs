@@ -503,7 +503,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             if unsafe { ring.submission().push(&entry) }.is_err() {
                 let err = op
                     .file
-                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
                     .err()
                     .map(|e| read_error(&op, e));
                 complete(&drive, &counters, &op, demand, err);
@@ -522,7 +522,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             for (op, demand) in in_flight.iter_mut().filter_map(Option::take) {
                 let err = op
                     .file
-                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
                     .err()
                     .map(|e| read_error(&op, e));
                 complete(&drive, &counters, &op, demand, err);
@@ -543,7 +543,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 None
             } else {
                 op.file
-                    .read_at_least(unsafe_slice(&op), op.offset, op.need)
+                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
                     .err()
                     .map(|e| read_error(&op, e))
             };
@@ -552,16 +552,20 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
     }
 }
 
-fn unsafe_slice(op: &ReadOp) -> &mut [u8] {
-    // SAFETY: the destination belongs to this op alone until it completes.
-    unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) }
+/// The destination of a read.
+///
+/// # Safety
+/// `dst..dst+len` must be valid, and written by nobody else, for as long as the slice is used (for a
+/// [`ReadOp`], the slab guarantees this until the op completes).
+unsafe fn dst_slice<'a>(dst: *mut u8, len: usize) -> &'a mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(dst, len) }
 }
 
 fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
     while let Some(Some((op, demand))) = next_op(&drive, max_prefetch, true) {
         let err = op
             .file
-            .read_at_least(unsafe_slice(&op), op.offset, op.need)
+            .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
             .err()
             .map(|e| read_error(&op, e));
         complete(&drive, &counters, &op, demand, err);

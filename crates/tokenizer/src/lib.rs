@@ -47,6 +47,7 @@
 mod bpe;
 pub mod chat;
 mod files;
+mod hf;
 pub mod pretok;
 mod stream;
 mod train;
@@ -62,10 +63,9 @@ pub use train::train_bpe;
 
 /// A loaded tokenizer: rank BPE plus named special ids.
 pub struct Tokenizer {
-    /// Token bytes by rank.
+    /// Token bytes by rank (tiktoken) or by id (tokenizer.json; empty for ids not in the vocabulary).
     tokens: Vec<Vec<u8>>,
-    ranks: HashMap<Vec<u8>, u32>,
-    byte_rank: [u32; 256],
+    backend: Backend,
     specials: BTreeMap<u32, String>,
     special_ids: HashMap<String, u32>,
     /// Ids of bos/eos/pad/unk from the config, in `files::ROLE_FIELDS` order.
@@ -73,6 +73,19 @@ pub struct Tokenizer {
     /// Special names, longest first, and which bytes start one (for [`Tokenizer::encode_pieces`]).
     specials_by_len: Vec<(String, u32)>,
     special_first_bytes: [bool; 256],
+}
+
+/// How ordinary text becomes ids.
+// One per tokenizer, so the inline 1 KiB byte table costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Backend {
+    /// `tiktoken.model`: Kimi pre-tokenizer plus rank BPE.
+    Tiktoken {
+        ranks: HashMap<Vec<u8>, u32>,
+        byte_rank: [u32; 256],
+    },
+    /// Hugging Face `tokenizer.json` through the `tokenizers` crate.
+    Hf(Box<hf::HfBackend>),
 }
 
 /// Part of a rendered chat prompt (see [`Tokenizer::encode_pieces`]).
@@ -94,9 +107,22 @@ impl Piece {
 }
 
 impl Tokenizer {
+    /// Whether `dir` holds tokenizer files [`Self::from_dir`] can load (`tiktoken.model` or
+    /// `tokenizer.json`).
+    pub fn present_in(dir: &Path) -> bool {
+        dir.join(files::TIKTOKEN_FILE).exists() || dir.join(hf::HF_FILE).exists()
+    }
+
     /// Loads `tiktoken.model` and `tokenizer_config.json` from `dir`. Errors name the file and the line or
     /// field at fault, with what was expected and what was found.
+    ///
+    /// A directory with `tokenizer.json` and no `tiktoken.model` loads that instead, through the
+    /// `tokenizers` crate: its added tokens flagged `special` are the specials; every added token is
+    /// recognised in template text; bos/eos/pad/unk come from `tokenizer_config.json` where present.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        if !dir.join(files::TIKTOKEN_FILE).exists() && dir.join(hf::HF_FILE).exists() {
+            return Self::from_hf_dir(dir);
+        }
         let model_path = dir.join(files::TIKTOKEN_FILE);
         let model = std::fs::read(&model_path)
             .with_context(|| format!("reading {}", model_path.display()))?;
@@ -140,11 +166,40 @@ impl Tokenizer {
         }
         Ok(Tokenizer {
             tokens,
-            ranks,
-            byte_rank,
+            backend: Backend::Tiktoken { ranks, byte_rank },
             specials: config.specials,
             special_ids,
             roles: config.roles,
+            specials_by_len,
+            special_first_bytes,
+        })
+    }
+
+    fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
+        let loaded = hf::load(dir)?;
+        let special_ids: HashMap<String, u32> = loaded
+            .specials
+            .iter()
+            .map(|(&id, name)| (name.clone(), id))
+            .collect();
+        let roles = hf::roles(dir, |name| {
+            special_ids
+                .get(name)
+                .copied()
+                .or_else(|| loaded.backend.token_to_id(name))
+        })?;
+        let mut specials_by_len = loaded.added;
+        specials_by_len.sort_by(|(a, ia), (b, ib)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
+        let mut special_first_bytes = [false; 256];
+        for (name, _) in &specials_by_len {
+            special_first_bytes[name.as_bytes()[0] as usize] = true;
+        }
+        Ok(Tokenizer {
+            tokens: loaded.tokens,
+            backend: Backend::Hf(Box::new(loaded.backend)),
+            specials: loaded.specials,
+            special_ids,
+            roles,
             specials_by_len,
             special_first_bytes,
         })
@@ -158,7 +213,8 @@ impl Tokenizer {
 
     /// [`Self::encode`] for arbitrary bytes. Invalid UTF-8 is kept, not replaced: each invalid
     /// subsequence is pre-tokenized like U+FFFD but BPE'd as its own bytes, so
-    /// `decode_bytes(encode_bytes(b)) == b` for every `b`.
+    /// `decode_bytes(encode_bytes(b)) == b` for every `b`. (A `tokenizer.json` tokenizer encodes text
+    /// only: there each invalid subsequence becomes U+FFFD.)
     pub fn encode_bytes(&self, bytes: &[u8]) -> Vec<u32> {
         let mut out = Vec::with_capacity(bytes.len() / 3);
         self.encode_into(bytes, &mut out);
@@ -166,10 +222,14 @@ impl Tokenizer {
     }
 
     fn encode_into(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        let (ranks, byte_rank) = match &self.backend {
+            Backend::Tiktoken { ranks, byte_rank } => (ranks, byte_rank),
+            Backend::Hf(hf) => return hf.encode_into(&String::from_utf8_lossy(bytes), out),
+        };
         for piece in pretokenize_bytes(bytes) {
-            match self.ranks.get(piece) {
+            match ranks.get(piece) {
                 Some(&id) => out.push(id),
-                None => bpe::encode_piece(piece, &self.ranks, &self.byte_rank, out),
+                None => bpe::encode_piece(piece, ranks, byte_rank, out),
             }
         }
     }
@@ -223,7 +283,8 @@ impl Tokenizer {
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         for &id in ids {
-            if let Some(token) = self.tokens.get(id as usize) {
+            // Tiktoken tokens are never empty; an empty entry is a gap in a tokenizer.json vocabulary.
+            if let Some(token) = self.tokens.get(id as usize).filter(|t| !t.is_empty()) {
                 out.extend_from_slice(token);
             } else if let Some(name) = self.specials.get(&id) {
                 out.extend_from_slice(name.as_bytes());
@@ -264,9 +325,13 @@ impl Tokenizer {
         self.tokens.len().max(top_special)
     }
 
-    /// Number of BPE ranks in `tiktoken.model` (ids 0..num_ranks).
+    /// Number of BPE ranks in `tiktoken.model` (ids 0..num_ranks); for `tokenizer.json`, the size of the
+    /// model's own vocabulary (added tokens not counted).
     pub fn num_ranks(&self) -> usize {
-        self.tokens.len()
+        match &self.backend {
+            Backend::Tiktoken { .. } => self.tokens.len(),
+            Backend::Hf(hf) => hf.model_vocab,
+        }
     }
 
     /// `bos_token` from the config, resolved to its id.
