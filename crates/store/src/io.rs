@@ -501,11 +501,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             // SAFETY: `op.dst..+len` stays valid and untouched until this read completes (the slab's promise),
             // and `op` (holding the file open) lives in `in_flight` until then.
             if unsafe { ring.submission().push(&entry) }.is_err() {
-                let err = op
-                    .file
-                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
-                    .err()
-                    .map(|e| read_error(&op, e));
+                let err = positioned_read(&op);
                 complete(&drive, &counters, &op, demand, err);
                 continue;
             }
@@ -520,11 +516,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             }
             // The ring failed as a whole: finish what it held with positioned reads.
             for (op, demand) in in_flight.iter_mut().filter_map(Option::take) {
-                let err = op
-                    .file
-                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
-                    .err()
-                    .map(|e| read_error(&op, e));
+                let err = positioned_read(&op);
                 complete(&drive, &counters, &op, demand, err);
             }
             continue;
@@ -542,32 +534,25 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             let err = if res >= 0 && res as usize >= op.need {
                 None
             } else {
-                op.file
-                    .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
-                    .err()
-                    .map(|e| read_error(&op, e))
+                positioned_read(&op)
             };
             complete(&drive, &counters, &op, demand, err);
         }
     }
 }
 
-/// The destination of a read.
-///
-/// # Safety
-/// `dst..dst+len` must be valid, and written by nobody else, for as long as the slice is used (for a
-/// [`ReadOp`], the slab guarantees this until the op completes).
-unsafe fn dst_slice<'a>(dst: *mut u8, len: usize) -> &'a mut [u8] {
-    unsafe { std::slice::from_raw_parts_mut(dst, len) }
+/// Performs `op` with a positioned read (the pool's way, and the ring's fallback); the error text if it failed.
+fn positioned_read(op: &ReadOp) -> Option<String> {
+    // SAFETY: the slab keeps `dst..dst+len` valid, and written by this op alone, until the op completes.
+    let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
+    op.file
+        .read_at_least(buf, op.offset, op.need)
+        .err()
+        .map(|e| read_error(op, e))
 }
 
 fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
     while let Some(Some((op, demand))) = next_op(&drive, max_prefetch, true) {
-        let err = op
-            .file
-            .read_at_least(unsafe { dst_slice(op.dst, op.len) }, op.offset, op.need)
-            .err()
-            .map(|e| read_error(&op, e));
-        complete(&drive, &counters, &op, demand, err);
+        complete(&drive, &counters, &op, demand, positioned_read(&op));
     }
 }
