@@ -177,22 +177,33 @@ pub(crate) fn parse_config(path: &Path, text: &str, num_ranks: usize) -> Result<
     }
     let mut roles = [None; 4];
     for (role, field) in roles.iter_mut().zip(ROLE_FIELDS) {
-        // HF writes these either as a plain string or as an AddedToken object with "content".
-        let name = match root.get(field) {
-            None | Some(Value::Null) => continue,
-            Some(Value::String(s)) => s,
-            Some(Value::Object(o)) => match o.get("content") {
-                Some(Value::String(s)) => s,
-                _ => bail!("{shown}: {field}: expected an object with a \"content\" string"),
-            },
-            Some(other) => bail!("{shown}: {field}: expected a string, found {}", kind(other)),
+        let Some(name) = role_name(root.get(field), field, &shown)? else {
+            continue;
         };
-        let Some(&id) = by_name.get(name.as_str()) else {
+        let Some(&id) = by_name.get(name) else {
             bail!("{shown}: {field}: expected the name of a token in added_tokens_decoder, found {name:?}");
         };
         *role = Some(id);
     }
     Ok(Config { specials, roles })
+}
+
+/// The token name a `tokenizer_config.json` role field (`bos_token`, …) gives, if any. HF writes these either as
+/// a plain string or as an AddedToken object with "content".
+pub(crate) fn role_name<'a>(
+    value: Option<&'a Value>,
+    field: &str,
+    shown: &impl std::fmt::Display,
+) -> Result<Option<&'a str>> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(Value::Object(o)) => match o.get("content") {
+            Some(Value::String(s)) => Ok(Some(s)),
+            _ => bail!("{shown}: {field}: expected an object with a \"content\" string"),
+        },
+        Some(other) => bail!("{shown}: {field}: expected a string, found {}", kind(other)),
+    }
 }
 
 fn kind(v: &Value) -> &'static str {

@@ -193,14 +193,8 @@ pub(crate) fn roles(dir: &Path, lookup: impl Fn(&str) -> Option<u32>) -> Result<
     let root: Value =
         serde_json::from_str(&text).with_context(|| format!("{shown}: expected JSON"))?;
     for (role, field) in roles.iter_mut().zip(crate::files::ROLE_FIELDS) {
-        let name = match root.get(field) {
-            None | Some(Value::Null) => continue,
-            Some(Value::String(s)) => s,
-            Some(Value::Object(o)) => match o.get("content") {
-                Some(Value::String(s)) => s,
-                _ => bail!("{shown}: {field}: expected an object with a \"content\" string"),
-            },
-            Some(_) => bail!("{shown}: {field}: expected a string"),
+        let Some(name) = crate::files::role_name(root.get(field), field, &shown)? else {
+            continue;
         };
         let Some(id) = lookup(name) else {
             bail!("{shown}: {field}: {name:?} is not a token of tokenizer.json");
