@@ -94,7 +94,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 ..StoreArgs::default()
             };
             store.no_prefetch = !prefetch;
-            let model = Model::load_with(&dir, &store.load_options()?)?;
+            let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
             steps.extend(decode_steps(&model, a.tokens, run as u32)?);
         }
         configs.push((name, cache_bytes, prefetch, steps));
@@ -354,7 +354,7 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         expert_cache: Some("4G".into()),
         ..StoreArgs::default()
     };
-    let model = Model::load_with(&dir, &store.load_options()?)?;
+    let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
     let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
     let run = |stats: &Stats| -> Result<(f64, f64)> {
         let mut s = model.new_session();

@@ -207,7 +207,7 @@ const HELP: &str =
 pub fn chat(a: ChatArgs) -> Result<()> {
     let t_load = Instant::now();
     let model = progress::while_busy("loading the model", || {
-        Model::load_with(&a.model, &a.store.load_options()?)
+        Model::load_with(&a.model, &a.store.load_options(&a.model)?)
     })?;
     let tok = load_tokenizer(&a.model)?;
     let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;

@@ -116,5 +116,5 @@ pub fn run(a: DemoArgs) -> Result<()> {
             seed: a.seed,
         },
     };
-    generate::run(&dir, &gen, &a.store.load_options()?)
+    generate::run(&dir, &gen, &a.store.load_options(&dir)?)
 }

@@ -5,6 +5,7 @@ mod chat;
 mod cuda_run;
 mod demo;
 mod doctor;
+mod fetch;
 mod generate;
 mod progress;
 mod report;
@@ -47,6 +48,11 @@ enum Command {
     MakeModel(MakeModelArgs),
     /// Build an expert pack: one aligned record per expert, striped over one directory per drive.
     Pack(store_cmds::PackArgs),
+    /// Mirror a remote repository (Hugging Face or any HTTP server) into a local directory: all of it, or the
+    /// spine only with experts fetched on first use.
+    Fetch(fetch::FetchArgs),
+    /// Write deltafin.checksums.json into a checkpoint directory, so mirrors of it verify every byte.
+    Checksums(fetch::ChecksumsArgs),
     /// Measure a drive's read bandwidth through deltafin's own read path.
     DiskProbe(store_cmds::DiskProbeArgs),
     /// Replay routing traces through the expert-cache eviction policies and compare hit rates.
@@ -182,18 +188,26 @@ fn run(cli: Cli) -> Result<()> {
             .build_global()?;
     }
     match cli.command {
-        Command::Run(a) if a.device.device != deltafin_cuda::Device::Cpu => {
-            cuda_run::run(&a.model, &a.gen, &a.store.load_options()?, &a.device)
-        }
-        Command::Run(a) => generate::run(&a.model, &a.gen, &a.store.load_options()?),
+        Command::Run(a) if a.device.device != deltafin_cuda::Device::Cpu => cuda_run::run(
+            &a.model,
+            &a.gen,
+            &a.store.load_options(&a.model)?,
+            &a.device,
+        ),
+        Command::Run(a) => generate::run(&a.model, &a.gen, &a.store.load_options(&a.model)?),
         Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Doctor(a) => doctor::doctor(a),
         Command::Pack(a) => store_cmds::pack(a),
+        Command::Fetch(a) => fetch::fetch(a),
+        Command::Checksums(a) => fetch::checksums(a),
         Command::DiskProbe(a) => store_cmds::disk_probe(a),
         Command::Bench(a) => bench::bench(a),
         Command::CacheSim(a) => store_cmds::cache_sim(a),
-        Command::Serve(a) => deltafin_server::run(a.serve, &a.store.load_options()?),
+        Command::Serve(a) => {
+            let load = a.store.load_options(&a.serve.model)?;
+            deltafin_server::run(a.serve, &load)
+        }
         Command::Demo(a) => demo::run(a),
         Command::MakeModel(a) => {
             if a.out.join("config.json").exists() {

@@ -3,9 +3,13 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_models::LoadOptions;
+use deltafin_remote::{HttpOptions, MirrorOptions, Source};
 use deltafin_store::policy::Policy;
 use deltafin_store::StoreOptions;
-use std::path::PathBuf;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args, Clone, Debug)]
 pub struct StoreArgs {
@@ -36,10 +40,125 @@ pub struct StoreArgs {
     /// double-buffered. Default: no limit (the whole spine stays resident).
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// Where a mirrored model's missing bytes come from, and how they are fetched.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RemoteArgs {
+    /// Mirror the model from this repository (a Hugging Face repo URL or any HTTP(S) server with range
+    /// requests) into --model: the spine once, each routed expert on first use, verified and kept on disk.
+    /// A mirror directory remembers its URL, so later runs need only --model.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+    /// Never touch the network: use only what the mirror in --model already holds.
+    #[arg(long)]
+    pub offline: bool,
+    /// Disk for a mirror's routed experts (e.g. 200G); least recently used ones are removed beyond it.
+    /// Default: no limit.
+    #[arg(long, value_name = "SIZE")]
+    pub disk_cache: Option<String>,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct HttpArgs {
+    /// HTTP requests in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Retries of a failed request (timeouts, resets, 5xx, bad responses), with exponential backoff.
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// Seconds to wait for a connection or for the next bytes of a response.
+    #[arg(long, default_value_t = 30.0)]
+    pub http_timeout: f64,
+}
+
+impl Default for HttpArgs {
+    fn default() -> Self {
+        HttpArgs {
+            connections: 8,
+            retries: 5,
+            http_timeout: 30.0,
+        }
+    }
+}
+
+impl HttpArgs {
+    pub fn source(&self, url: &str) -> Result<Source> {
+        if self.connections == 0 {
+            bail!("--connections must be at least 1");
+        }
+        if !(self.http_timeout > 0.0 && self.http_timeout.is_finite()) {
+            bail!("--http-timeout must be a positive number of seconds");
+        }
+        let timeout = Duration::from_secs_f64(self.http_timeout);
+        Source::new(
+            url,
+            HttpOptions {
+                retries: self.retries,
+                // A tenth of the timeout, so a short timeout (tests, a LAN mirror) also backs off briefly.
+                backoff: (timeout / 10).min(HttpOptions::default().backoff),
+                timeout,
+                connections: self.connections,
+            },
+        )
+    }
+}
+
+impl RemoteArgs {
+    /// Opens `model` as a mirror when it is one (or --remote makes it one), downloading what is missing of
+    /// its spine; `None` for an ordinary checkpoint.
+    pub fn mirror(&self, model: &Path) -> Result<Option<deltafin_remote::Mirror>> {
+        let state = deltafin_formats::mirror::read_state(model)?;
+        let url = match (&self.remote, &state) {
+            (_, Some(s)) if s.complete => return Ok(None),
+            (Some(u), _) => u.clone(),
+            (None, Some(s)) => s.url.clone(),
+            (None, None) => return Ok(None),
+        };
+        let source = if self.offline {
+            None
+        } else {
+            Some(self.http.source(&url)?)
+        };
+        let opts = MirrorOptions {
+            disk_budget: self.disk_cache.as_deref().map(parse_size).transpose()?,
+        };
+        let bar = bytes_bar("spine");
+        let m = deltafin_remote::open_mirror(model, source, opts, &|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })?;
+        bar.finish_and_clear();
+        eprintln!(
+            "{}: mirror of {} ({} of its experts local; {})",
+            model.display(),
+            m.url(),
+            m.experts_present(),
+            m.verification()
+        );
+        Ok(Some(m))
+    }
+}
+
+/// A byte-count progress bar (hidden when stderr is not a terminal).
+pub fn bytes_bar(what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, {{eta}} left)"
+        ))
+        .expect("the template parses"),
+    );
+    bar
 }
 
 impl StoreArgs {
-    pub fn load_options(&self) -> Result<LoadOptions> {
+    /// How to open the model in `model`: a mirror is opened (and its spine completed) here.
+    pub fn load_options(&self, model: &Path) -> Result<LoadOptions> {
         let memory_budget = self.memory_budget.as_deref().map(parse_size).transpose()?;
         let cache_bytes = match (&self.expert_cache, memory_budget) {
             (Some(s), _) => parse_size(s)?,
@@ -62,6 +181,10 @@ impl StoreArgs {
             },
             pack: self.pack.clone(),
             memory_budget,
+            backfill: self
+                .remote
+                .mirror(model)?
+                .map(|m| Arc::new(m) as Arc<dyn deltafin_store::Backfill>),
         })
     }
 }
@@ -77,6 +200,7 @@ impl Default for StoreArgs {
             io_workers: 8,
             io_engine: deltafin_store::io::Backend::Pool,
             memory_budget: None,
+            remote: RemoteArgs::default(),
         }
     }
 }

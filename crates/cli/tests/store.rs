@@ -24,7 +24,7 @@ fn opts(cache_bytes: u64, prefetch: bool, direct_io: bool, pack: Option<PathBuf>
             ..StoreOptions::default()
         },
         pack,
-        memory_budget: None,
+        ..LoadOptions::default()
     }
 }
 

@@ -2,9 +2,19 @@
 //! Knows nothing of the engine: it turns files into typed, validated views and says exactly what is wrong.
 
 pub mod checkpoint;
+pub mod checksums;
 pub mod config;
+pub mod mirror;
 pub mod npy;
 pub mod writer;
+
+pub use writer::write_atomically_with;
+
+/// Writes `bytes` to `path` so that `path` is either absent, the old file, or the complete new one.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    write_atomically_with(path, |f| Ok(f.write_all(bytes)?))
+}
 
 /// Element types deltafin reads from checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,6 @@
 //! references' `<f4`/`<f8` goldens.
 
 use anyhow::{bail, Context, Result};
-use std::io::Write;
 use std::path::Path;
 
 /// Writes a C-order float32 array of shape [rows, cols] atomically (temp file + rename).
@@ -26,14 +25,7 @@ pub fn write_f32(path: &Path, rows: usize, cols: usize, data: &[f32]) -> Result<
     for x in data {
         bytes.extend_from_slice(&x.to_le_bytes());
     }
-    let tmp = path.with_extension("npy.partial");
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(&bytes)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+    crate::write_atomically(path, &bytes)
 }
 
 /// A 2-D array read from `.npy`, widened to f64.

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, ensure, Context, Result};
 
@@ -169,7 +170,7 @@ impl ShardedWriter {
             "weight_map": weight_map,
         });
         let index = serde_json::to_string_pretty(&index)?;
-        write_atomically(&index_path, |file| Ok(file.write_all(index.as_bytes())?))?;
+        write_atomically_with(&index_path, |file| Ok(file.write_all(index.as_bytes())?))?;
         remove_stale_shards(&self.dir, &shard_names)?;
         Ok(ShardedSummary {
             tensors,
@@ -253,7 +254,7 @@ fn write_safetensors(
     while header.len() % 8 != 0 {
         header.push(' ');
     }
-    write_atomically(path, |file| {
+    write_atomically_with(path, |file| {
         file.write_all(&(header.len() as u64).to_le_bytes())?;
         file.write_all(header.as_bytes())?;
         for t in tensors {
@@ -273,16 +274,23 @@ fn write_safetensors(
     })
 }
 
-/// Writes through `write` into a hidden temporary file in the same directory, syncs it and renames it
-/// over `path`, so `path` is either absent, the old file, or the complete new one.
-fn write_atomically(
+/// Writes through `write` into a hidden temporary file in the same directory (unique per process and call, so
+/// concurrent writers never share one), syncs it and renames it over `path`, so `path` is either absent, the
+/// old file, or the complete new one.
+pub fn write_atomically_with(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<fs::File>) -> Result<()>,
 ) -> Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         bail!("{} is not a file path", path.display());
     };
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}.{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = (|| -> Result<()> {
         let mut file = BufWriter::new(fs::File::create(&tmp)?);
         write(&mut file)?;

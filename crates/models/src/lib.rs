@@ -17,7 +17,7 @@ use blocks::LayerState;
 use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_store::{ExpertStore, StoreOptions};
+use deltafin_store::{Backfill, ExpertStore, StoreOptions};
 use experts::ExpertLayout;
 pub use experts::Stats;
 use std::path::{Path, PathBuf};
@@ -64,6 +64,8 @@ pub struct LoadOptions {
     pub memory_budget: Option<u64>,
     /// Read routed experts from this pack (any of its stripe directories) instead of the checkpoint's shards.
     pub pack: Option<PathBuf>,
+    /// Fills a partial mirror's missing experts from its remote source before they are read.
+    pub backfill: Option<Arc<dyn Backfill>>,
 }
 
 impl Model {
@@ -73,6 +75,12 @@ impl Model {
     }
 
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Model> {
+        if opts.backfill.is_none() {
+            deltafin_formats::mirror::require_complete(
+                dir,
+                "loading it without its remote source",
+            )?;
+        }
         let cfg = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open(dir)?);
         let experts = open_experts(dir, &ck, &cfg, opts)?;
@@ -236,13 +244,17 @@ fn open_experts(
             let layers = layout.locate(ck, layer_prefix(cfg.family), cfg)?;
             let files: Vec<(PathBuf, usize)> =
                 ck.shards.iter().map(|s| (s.path.clone(), 0)).collect();
-            ExpertStore::new(
+            let store = ExpertStore::new(
                 &files,
                 layers,
                 record_len,
                 store_opts,
                 format!("checkpoint {}", dir.display()),
-            )?
+            )?;
+            match &opts.backfill {
+                Some(b) => store.with_backfill(b.clone()),
+                None => store,
+            }
         }
         Some(pack) => {
             let manifest = deltafin_store::pack::open_pack(pack, &model_identity(dir)?)?;

@@ -33,6 +33,24 @@ pub struct RecordLoc {
     pub checksum: Option<u64>,
 }
 
+/// A source below the local files: records that are not on local disk yet (a partial mirror of a remote
+/// repository) are brought there before they are read.
+pub trait Backfill: Send + Sync + std::fmt::Debug {
+    /// Makes the records of `experts` of `layer` present in the local files, fetching what is missing. Room it
+    /// makes must not come from records `busy(layer, expert)` says are being read.
+    fn ensure(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        busy: &dyn Fn(usize, usize) -> bool,
+    ) -> Result<()>;
+    /// Whether the record is in the local files now (prefetch reads only those).
+    fn present(&self, layer: usize, expert: usize) -> bool;
+    /// xxh3-64 of the record as it was fetched and verified (known also after it was evicted), checked again
+    /// on every read from disk.
+    fn checksum(&self, layer: usize, expert: usize) -> Option<u64>;
+}
+
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// Bytes of RAM for cached expert records beyond the working set.
@@ -173,6 +191,7 @@ pub struct ExpertStore {
     counters: Counters,
     prediction: Mutex<Vec<(Option<Vec<usize>>, LayerPrediction)>>,
     opts: StoreOptions,
+    backfill: Option<Arc<dyn Backfill>>,
     /// Describes where records come from, for messages ("pack at …", "checkpoint …").
     pub origin: String,
 }
@@ -245,7 +264,30 @@ impl ExpertStore {
             io,
             counters: Counters::default(),
             opts,
+            backfill: None,
             origin,
+        })
+    }
+
+    /// Records missing from the local files are fetched through `backfill` before they are read.
+    pub fn with_backfill(mut self, backfill: Arc<dyn Backfill>) -> ExpertStore {
+        self.backfill = Some(backfill);
+        self
+    }
+
+    /// Reads of the record are in flight or its bytes are handed out.
+    fn busy(&self, key: Key) -> bool {
+        let st = self.state.lock().unwrap();
+        st.map
+            .get(&key)
+            .is_some_and(|&s| st.slots[s].phase == Phase::Loading || st.slots[s].pins > 0)
+    }
+
+    fn checksum(&self, layer: usize, expert: usize) -> Option<u64> {
+        self.layers[layer][expert].checksum.or_else(|| {
+            self.backfill
+                .as_ref()
+                .and_then(|b| b.checksum(layer, expert))
         })
     }
 
@@ -354,6 +396,7 @@ impl ExpertStore {
             layer,
             pending: experts.to_vec(),
             loading: Vec::new(),
+            backfilled: self.backfill.is_none(),
         }
     }
 
@@ -370,10 +413,16 @@ impl ExpertStore {
         if !self.opts.prefetch {
             return;
         }
+        // Only what is on local disk; asked before taking the slab lock (the backfill takes its own lock first).
+        let experts: Vec<usize> = experts
+            .iter()
+            .copied()
+            .filter(|&e| self.backfill.as_ref().is_none_or(|b| b.present(layer, e)))
+            .collect();
         let mut st = self.state.lock().unwrap();
         // Keep at least half the working set free for demand.
         let reserve = self.opts.working_slots.max(2) / 2;
-        for &e in experts {
+        for &e in &experts {
             if st.map.contains_key(&(layer, e)) {
                 continue;
             }
@@ -553,6 +602,8 @@ pub struct Fetch<'a> {
     layer: usize,
     pending: Vec<usize>,
     loading: Vec<(usize, usize)>,
+    /// The backfill (if any) has made every pending record local.
+    backfilled: bool,
 }
 
 /// A pinned record: its bytes stay put until this is dropped.
@@ -581,6 +632,15 @@ impl<'a> Fetch<'a> {
     pub fn next(&mut self) -> Option<Result<RecordRef<'a>>> {
         let store = self.store;
         let t0 = Instant::now();
+        if !self.backfilled {
+            self.backfilled = true;
+            if let Some(b) = &store.backfill {
+                if let Err(e) = b.ensure(self.layer, &self.pending, &|l, e| store.busy((l, e))) {
+                    self.pending.clear();
+                    return Some(Err(e.context(format!("layer {}", self.layer))));
+                }
+            }
+        }
         let result = loop {
             self.issue();
             if self.pending.is_empty() && self.loading.is_empty() {
@@ -644,6 +704,8 @@ impl<'a> Fetch<'a> {
 
     fn finish(&self, e: usize, slot: usize) -> Result<RecordRef<'a>> {
         let store = self.store;
+        // Before the slab lock: the backfill takes its own lock first.
+        let want = store.checksum(self.layer, e);
         let mut st = store.state.lock().unwrap();
         let (done, start) = (st.slots[slot].done.take(), st.slots[slot].start);
         let fail = |st: &mut SlabState, msg: String| -> Result<RecordRef<'a>> {
@@ -664,14 +726,14 @@ impl<'a> Fetch<'a> {
         }
         st.slots[slot].phase = Phase::Ready;
         if !st.slots[slot].verified {
-            if let Some(want) = store.layers[self.layer][e].checksum {
+            if let Some(want) = want {
                 let got = xxhash_rust::xxh3::xxh3_64(store.record(slot, start));
                 if got != want {
                     let file = &store.files[store.layers[self.layer][e].extents[0].file].path;
                     return fail(
                         &mut st,
                         format!(
-                            "checksum mismatch in {} (manifest {want:016x}, read {got:016x}); the pack is damaged — re-run `deltafin pack`",
+                            "checksum mismatch in {} (expected {want:016x}, read {got:016x}); the file is damaged — re-run `deltafin pack`, or for a mirror delete it and fetch again",
                             file.display()
                         ),
                     );

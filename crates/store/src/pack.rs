@@ -114,7 +114,10 @@ pub fn write_pack(
         for (s, d) in stripes.iter().enumerate() {
             let _ = std::fs::remove_file(partial(&stripe_file(d, s)));
         }
-        atomic_write(&plan_path, serde_json::to_vec_pretty(&plan_doc)?.as_slice())?;
+        deltafin_formats::write_atomically(
+            &plan_path,
+            serde_json::to_vec_pretty(&plan_doc)?.as_slice(),
+        )?;
     }
 
     let mut files: Vec<File> = stripes
@@ -190,7 +193,7 @@ pub fn write_pack(
     };
     let bytes = serde_json::to_vec(&manifest)?;
     for d in &stripes {
-        atomic_write(&d.join(MANIFEST), &bytes)?;
+        deltafin_formats::write_atomically(&d.join(MANIFEST), &bytes)?;
     }
     let _ = std::fs::remove_file(plan_path);
     Ok(manifest)
@@ -200,15 +203,6 @@ fn partial(p: &Path) -> PathBuf {
     let mut s = p.as_os_str().to_owned();
     s.push(".partial");
     PathBuf::from(s)
-}
-
-fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = partial(path);
-    let mut f = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} into place", tmp.display()))
 }
 
 /// Reads and checks a pack through any one of its stripe directories: the manifest must match the model, and

@@ -266,30 +266,6 @@ pub fn write_tiktoken_files(dir: &Path, ranks: &[Vec<u8>]) -> Result<()> {
     let config = serde_json::to_string_pretty(&config)? + "\n";
 
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_atomic(&dir.join(TIKTOKEN_FILE), model.as_bytes())?;
-    write_atomic(&dir.join(CONFIG_FILE), config.as_bytes())
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    // Unique per process and call, so concurrent writers never share a temporary file.
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(format!(
-        ".tmp.{}.{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let tmp = path.with_file_name(tmp_name);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
+    deltafin_formats::write_atomically(&dir.join(TIKTOKEN_FILE), model.as_bytes())?;
+    deltafin_formats::write_atomically(&dir.join(CONFIG_FILE), config.as_bytes())
 }

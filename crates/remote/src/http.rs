@@ -1,0 +1,345 @@
+//! The HTTP side: whole-file GETs for the small files, and range GETs held to the letter — a 206 with exactly
+//! the Content-Range asked for and exactly that many body bytes, or the attempt failed. Transient failures
+//! (timeouts, resets, 5xx, 429) and lies (wrong range, wrong length, cut-off or corrupted bodies) are retried
+//! with exponential backoff; what each failed attempt saw is reported.
+
+use anyhow::{bail, Result};
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Attempts per request after the first.
+    pub retries: u32,
+    /// Wait before the first retry; doubles each time, up to 16 times this.
+    pub backoff: Duration,
+    /// Connect and per-read timeout.
+    pub timeout: Duration,
+    /// Requests in flight at once.
+    pub connections: usize,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            retries: 5,
+            backoff: Duration::from_millis(250),
+            timeout: Duration::from_secs(30),
+            connections: 8,
+        }
+    }
+}
+
+/// What the remote source did, for the stats line.
+#[derive(Default, Debug)]
+pub struct HttpCounters {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+    pub retries: AtomicU64,
+    /// Responses that broke the protocol or carried wrong bytes.
+    pub bad_responses: AtomicU64,
+}
+
+/// What the server says about a whole file.
+#[derive(Clone, Debug)]
+pub struct FileInfo {
+    pub size: u64,
+    /// SHA-256 the server states (Hugging Face's `X-Linked-Etag` for LFS files, or a SHA-256 ETag).
+    pub sha256: Option<String>,
+}
+
+/// One failed attempt.
+enum Failure {
+    /// Worth another attempt.
+    Retry(String),
+    /// Another attempt cannot help (404, ranges unsupported, …).
+    Fatal(String),
+}
+
+/// A remote repository: `{base}/{file name}`.
+#[derive(Debug)]
+pub struct Source {
+    base: String,
+    agent: ureq::Agent,
+    /// For HEAD: Hugging Face states an LFS file's SHA-256 on the redirect, not on the CDN's answer.
+    head_agent: ureq::Agent,
+    token: Option<String>,
+    pub opts: HttpOptions,
+    pub counters: HttpCounters,
+}
+
+impl Source {
+    /// `url`: the repository's base URL. `https://huggingface.co/ORG/NAME` is read as
+    /// `…/ORG/NAME/resolve/main`. `HF_TOKEN` in the environment is sent as a bearer token.
+    pub fn new(url: &str, opts: HttpOptions) -> Result<Source> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("--remote/--from {url:?} is not an http:// or https:// URL");
+        }
+        let mut base = url.trim_end_matches('/').to_string();
+        if let Some(path) = base.strip_prefix("https://huggingface.co/") {
+            if path.split('/').count() == 2 {
+                base.push_str("/resolve/main");
+            }
+        }
+        let build = |redirects| {
+            ureq::AgentBuilder::new()
+                .timeout_connect(opts.timeout)
+                .timeout_read(opts.timeout)
+                .redirects(redirects)
+                .max_idle_connections_per_host(opts.connections.max(1))
+                .user_agent(concat!("deltafin/", env!("CARGO_PKG_VERSION")))
+                .build()
+        };
+        Ok(Source {
+            base,
+            agent: build(8),
+            head_agent: build(0),
+            token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
+            opts,
+            counters: HttpCounters::default(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        format!("{}/{name}", self.base)
+    }
+
+    fn request(&self, agent: &ureq::Agent, method: &str, name: &str) -> ureq::Request {
+        let r = agent.request(method, &self.url(name));
+        match &self.token {
+            Some(t) => r.set("Authorization", &format!("Bearer {t}")),
+            None => r,
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, retrying what is worth retrying with exponential backoff.
+    fn with_retries<T>(
+        &self,
+        what: &str,
+        mut attempt: impl FnMut() -> Result<T, Failure>,
+    ) -> Result<T> {
+        let mut wait = self.opts.backoff;
+        for n in 0..=self.opts.retries {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            match attempt() {
+                Ok(v) => return Ok(v),
+                Err(Failure::Fatal(msg)) => bail!("{what}: {msg}"),
+                Err(Failure::Retry(msg)) if n == self.opts.retries => bail!(
+                    "{what}: {msg} (gave up after {} attempts)",
+                    self.opts.retries + 1
+                ),
+                Err(Failure::Retry(msg)) => {
+                    eprintln!("warning: {what}: {msg}; retrying in {wait:?}");
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(self.opts.backoff * 16);
+                }
+            }
+        }
+        unreachable!("the loop returns on its last attempt")
+    }
+
+    fn lie(&self, msg: String) -> Failure {
+        self.counters.bad_responses.fetch_add(1, Ordering::Relaxed);
+        Failure::Retry(msg)
+    }
+
+    /// A whole small file, or `None` when the server has no such file (404).
+    pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let what = format!("GET {}", self.url(name));
+        self.with_retries(&what, || {
+            let resp = match self.request(&self.agent, "GET", name).call() {
+                Ok(r) => r,
+                Err(ureq::Error::Status(404, _)) => return Ok(None),
+                Err(e) => return Err(classify(e)),
+            };
+            let want = resp
+                .header("Content-Length")
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let mut body = Vec::new();
+            if let Err(e) = resp.into_reader().read_to_end(&mut body) {
+                return Err(self.lie(format!(
+                    "the body broke off after {} bytes: {e}",
+                    body.len()
+                )));
+            }
+            if want.is_some_and(|w| w != body.len() as u64) {
+                return Err(self.lie(format!(
+                    "Content-Length said {} bytes but the body had {}",
+                    want.unwrap_or(0),
+                    body.len()
+                )));
+            }
+            self.counters
+                .bytes
+                .fetch_add(body.len() as u64, Ordering::Relaxed);
+            Ok(Some(body))
+        })
+    }
+
+    /// Size and stated SHA-256 of a file, from a HEAD that does not follow redirects.
+    pub fn head(&self, name: &str) -> Result<FileInfo> {
+        let what = format!("HEAD {}", self.url(name));
+        self.with_retries(&what, || {
+            let resp = match self.request(&self.head_agent, "HEAD", name).call() {
+                Ok(r) => r,
+                Err(ureq::Error::Status(404, _)) => {
+                    return Err(Failure::Fatal(
+                        "the server has no such file (404), though the model's index lists it"
+                            .into(),
+                    ))
+                }
+                Err(e) => return Err(classify(e)),
+            };
+            let redirected = (300..400).contains(&resp.status());
+            let size = if redirected {
+                resp.header("X-Linked-Size")
+            } else {
+                resp.header("Content-Length")
+            };
+            let Some(size) = size.and_then(|v| v.trim().parse::<u64>().ok()) else {
+                return Err(Failure::Fatal(format!(
+                    "answered {} without the file's size ({})",
+                    resp.status(),
+                    if redirected {
+                        "X-Linked-Size"
+                    } else {
+                        "Content-Length"
+                    }
+                )));
+            };
+            let sha256 = resp
+                .header("X-Linked-Etag")
+                .or_else(|| resp.header("ETag"))
+                .and_then(sha256_etag);
+            Ok(FileInfo { size, sha256 })
+        })
+    }
+
+    /// Bytes `[offset, offset + len)` of `name`, a file of `total` bytes; `check` may reject the bytes (a
+    /// checksum mismatch), which counts as a bad response and is retried like one.
+    pub fn range(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        total: u64,
+        check: &dyn Fn(&[u8]) -> std::result::Result<(), String>,
+    ) -> Result<Vec<u8>> {
+        let end = offset + len - 1;
+        let what = format!("GET {} bytes {offset}-{end}", self.url(name));
+        let want_range = format!("bytes {offset}-{end}/{total}");
+        self.with_retries(&what, || {
+            let req = self
+                .request(&self.agent, "GET", name)
+                .set("Range", &format!("bytes={offset}-{end}"));
+            let resp = match req.call() {
+                Ok(r) => r,
+                Err(ureq::Error::Status(416, _)) => {
+                    return Err(Failure::Fatal(format!(
+                        "416 Range Not Satisfiable: the file on the server is not the {total} bytes its header promised"
+                    )))
+                }
+                Err(e) => return Err(classify(e)),
+            };
+            if resp.status() == 200 {
+                return Err(Failure::Fatal(
+                    "the server ignored the Range header (200 with the whole file); deltafin needs HTTP range requests"
+                        .into(),
+                ));
+            }
+            if resp.status() != 206 {
+                return Err(self.lie(format!("answered {} instead of 206", resp.status())));
+            }
+            let got_range = resp.header("Content-Range").unwrap_or("").trim().to_string();
+            if got_range != want_range {
+                return Err(self.lie(format!(
+                    "Content-Range is {got_range:?}, expected {want_range:?}"
+                )));
+            }
+            let clen = resp
+                .header("Content-Length")
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if clen.is_some_and(|c| c != len) {
+                return Err(self.lie(format!(
+                    "Content-Length is {}, expected {len}",
+                    clen.unwrap_or(0)
+                )));
+            }
+            let mut body = Vec::with_capacity(len as usize);
+            let read = resp.into_reader().take(len + 1).read_to_end(&mut body);
+            self.counters
+                .bytes
+                .fetch_add(body.len() as u64, Ordering::Relaxed);
+            if let Err(e) = read {
+                return Err(self.lie(format!(
+                    "the body broke off after {} of {len} bytes: {e}",
+                    body.len()
+                )));
+            }
+            if body.len() as u64 != len {
+                return Err(self.lie(format!(
+                    "the body had {} bytes, expected {len}",
+                    body.len()
+                )));
+            }
+            check(&body).map_err(|m| self.lie(m))?;
+            Ok(body)
+        })
+    }
+}
+
+fn classify(e: ureq::Error) -> Failure {
+    match e {
+        ureq::Error::Status(code, _) if code >= 500 || code == 429 || code == 408 => {
+            Failure::Retry(format!("server error {code}"))
+        }
+        ureq::Error::Status(code, r) => Failure::Fatal(format!(
+            "HTTP {code} {}{}",
+            r.status_text(),
+            if code == 401 || code == 403 {
+                " (a gated or private repository needs HF_TOKEN in the environment)"
+            } else {
+                ""
+            }
+        )),
+        ureq::Error::Transport(t) => Failure::Retry(format!("transport error: {t}")),
+    }
+}
+
+/// A SHA-256 stated as an ETag: 64 hex digits, possibly quoted or weak.
+fn sha256_etag(v: &str) -> Option<String> {
+    let t = v.trim().trim_start_matches("W/").trim_matches('"');
+    (t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit())).then(|| t.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags_count_as_sha256_only_when_they_are_one() {
+        let h = "a".repeat(64);
+        assert_eq!(sha256_etag(&format!("\"{h}\"")), Some(h.clone()));
+        assert_eq!(sha256_etag(&format!("W/\"{}\"", h.to_uppercase())), Some(h));
+        assert_eq!(sha256_etag("\"5d41402abc4b2a76b9719d911017c592\""), None);
+        assert_eq!(sha256_etag(&"g".repeat(64)), None);
+    }
+
+    #[test]
+    fn hugging_face_repository_urls_resolve_main() {
+        let s = Source::new("https://huggingface.co/org/name", HttpOptions::default()).unwrap();
+        assert_eq!(
+            s.url("config.json"),
+            "https://huggingface.co/org/name/resolve/main/config.json"
+        );
+        let s = Source::new("http://10.0.0.2:8000/k3/", HttpOptions::default()).unwrap();
+        assert_eq!(s.url("config.json"), "http://10.0.0.2:8000/k3/config.json");
+        assert!(Source::new("ftp://x/y", HttpOptions::default()).is_err());
+    }
+}
