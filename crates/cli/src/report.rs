@@ -51,7 +51,11 @@ pub fn stats_line(
         store.wait_secs,
         if predicted.is_empty() { "-".to_string() } else { predicted.join(" ") },
         deltafin_kernels::isa(),
-    )
+    ) + &model
+        .store()
+        .backfill_activity()
+        .map(|a| format!(" | {a}"))
+        .unwrap_or_default()
 }
 
 /// `--events FILE.jsonl`: one line per generated token describing the pass that chose it (the first line's

@@ -63,6 +63,8 @@ pub struct Mirror {
     source: Option<Source>,
     checksums: Option<Checksums>,
     ck: Checkpoint,
+    /// Per shard: (offset, bytes, name) of every tensor, sorted by offset, to find a range's tensors quickly.
+    by_offset: Vec<Vec<(u64, u64, String)>>,
     shards: Vec<File>,
     records: Vec<Vec<RecordLoc>>,
     record_len: usize,
@@ -271,6 +273,11 @@ impl Mirror {
                 shards.len()
             );
         }
+        let mut by_offset = vec![Vec::new(); shards.len()];
+        for t in ck.tensors() {
+            by_offset[t.shard].push((t.offset, t.nbytes, t.name.clone()));
+        }
+        by_offset.iter_mut().for_each(|v| v.sort_unstable());
         let (journal, r) = Journal::open(&dir.join(marker::STATE_DIR).join("journal"))?;
         let present = r
             .experts
@@ -292,6 +299,7 @@ impl Mirror {
             source,
             checksums,
             ck,
+            by_offset,
             shards,
             records,
             record_len,
@@ -631,26 +639,26 @@ impl Mirror {
         let Some(sums) = &self.checksums else {
             return Ok(());
         };
-        for t in self.ck.tensors() {
-            if t.shard != s.file || t.offset < s.offset || t.offset + t.nbytes > s.offset + s.len {
-                continue;
+        let tensors = &self.by_offset[s.file];
+        let first = tensors.partition_point(|t| t.0 < s.offset);
+        for (offset, nbytes, name) in &tensors[first..] {
+            if offset + nbytes > s.offset + s.len {
+                break;
             }
             let got =
-                checksums::xxh3_hex(&body[(t.offset - s.offset) as usize..][..t.nbytes as usize]);
-            match sums.tensors.get(&t.name) {
+                checksums::xxh3_hex(&body[(offset - s.offset) as usize..][..*nbytes as usize]);
+            match sums.tensors.get(name) {
                 Some(want) if *want == got => {}
                 Some(want) => {
                     return Err(format!(
-                        "corrupted bytes: tensor `{}` has xxh3 {got}, {} says {want}",
-                        t.name,
+                        "corrupted bytes: tensor `{name}` has xxh3 {got}, {} says {want}",
                         checksums::FILE
                     ))
                 }
                 None => {
                     return Err(format!(
-                        "{} has no entry for tensor `{}`",
-                        checksums::FILE,
-                        t.name
+                        "{} has no entry for tensor `{name}`",
+                        checksums::FILE
                     ))
                 }
             }
@@ -778,6 +786,23 @@ impl Backfill for Mirror {
             .known
             .get(&(layer, expert))
             .copied()
+    }
+
+    fn activity(&self) -> String {
+        match &self.source {
+            None => format!("mirror {}: offline", self.dir.display()),
+            Some(s) => {
+                let c = &s.counters;
+                format!(
+                    "remote {}: {} requests, {:.1} MB, {} retries, {} bad responses",
+                    self.state.url,
+                    c.requests.load(Ordering::Relaxed),
+                    c.bytes.load(Ordering::Relaxed) as f64 / 1e6,
+                    c.retries.load(Ordering::Relaxed),
+                    c.bad_responses.load(Ordering::Relaxed)
+                )
+            }
+        }
     }
 }
 

@@ -49,6 +49,8 @@ pub trait Backfill: Send + Sync + std::fmt::Debug {
     /// xxh3-64 of the record as it was fetched and verified (known also after it was evicted), checked again
     /// on every read from disk.
     fn checksum(&self, layer: usize, expert: usize) -> Option<u64>;
+    /// What it fetched so far, for the stats line.
+    fn activity(&self) -> String;
 }
 
 #[derive(Clone, Debug)]
@@ -273,6 +275,11 @@ impl ExpertStore {
     pub fn with_backfill(mut self, backfill: Arc<dyn Backfill>) -> ExpertStore {
         self.backfill = Some(backfill);
         self
+    }
+
+    /// What the backfill (a remote source) did, when there is one.
+    pub fn backfill_activity(&self) -> Option<String> {
+        self.backfill.as_ref().map(|b| b.activity())
     }
 
     /// Reads of the record are in flight or its bytes are handed out.
