@@ -308,11 +308,15 @@ fn transient_faults_and_lies_are_retried_and_the_output_is_unchanged() {
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
         server.inject(".safetensors", fault.clone(), 1);
-        let (remote, err) = logits(&m, &["--http-timeout", "1"]);
+        let (remote, err) = logits(&m, &["--http-timeout", "1", "--stats"]);
         assert_eq!(local, remote, "{fault:?} changed the output");
         assert!(
             err.contains("warning:") && err.contains(says),
             "{fault:?}: {err}"
+        );
+        assert!(
+            err.contains(" 1 retries"),
+            "the stats line counts the retry: {err}"
         );
         let seen = server.take_seen();
         assert_eq!(seen.iter().filter(|s| s.faulted).count(), 1, "{fault:?}");
