@@ -271,13 +271,16 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             sampling: sampling.clone(),
             prompt_logits: false,
         };
-        let stats = Stats::default();
+        let (prefill, stats) = progress::prefill_bar(
+            req.prompt.len(),
+            model.config().num_layers,
+            Stats::default(),
+        );
         let mut printer = ReplyPrinter::new(!a.hide_reasoning);
         let mut parser = format.reply_parser();
         let mut decoder = StreamDecoder::new(&tok);
         let mut out = std::io::stdout().lock();
         let mut failure: Option<anyhow::Error> = None;
-        let prefill = progress::prefill_spinner(req.prompt.len());
         STOP_REPLY.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
         let result = generate_in(&model, &mut session, &req, &stats, |token, _| {

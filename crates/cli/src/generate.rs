@@ -64,11 +64,15 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         sampling: args.sampling.params(),
         prompt_logits: args.dump_logits.is_some(),
     };
-    let stats = if args.events.is_some() {
-        Stats::with_routes()
-    } else {
-        Stats::default()
-    };
+    let (prefill, stats) = progress::prefill_bar(
+        req.prompt.len(),
+        model.config().num_layers,
+        if args.events.is_some() {
+            Stats::with_routes()
+        } else {
+            Stats::default()
+        },
+    );
     let mut events = match &args.events {
         Some(path) => Some(crate::report::Events::create(path, &model)?),
         None => None,
@@ -79,7 +83,6 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let mut parser = format.as_ref().map(ChatFormat::reply_parser);
     let mut printer = ReplyPrinter::new(true);
     let mut failure = None;
-    let prefill = progress::prefill_spinner(req.prompt.len());
     let output = generate(&model, &req, &stats, |token, logits| {
         prefill.finish_and_clear();
         if let Some(ev) = &mut events {

@@ -1,11 +1,12 @@
 //! Progress display for long work, on stderr and only when stderr is a terminal (indicatif hides itself
 //! otherwise), so piped output and logs stay clean.
 
+use deltafin_models::Stats;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::time::Duration;
 
-/// Prompts at least this long show a spinner until their first token (prefill is one long pass).
-const PREFILL_SPINNER_TOKENS: usize = 256;
+/// Prompts at least this long show a progress bar until their first token (prefill is one long pass).
+const PREFILL_BAR_TOKENS: usize = 256;
 
 /// A spinner with `message` and the elapsed time, ticking on its own until finished.
 pub fn spinner(message: String) -> ProgressBar {
@@ -26,10 +27,29 @@ pub fn while_busy<T>(message: &str, work: impl FnOnce() -> T) -> T {
     result
 }
 
-/// A spinner for the prefill of a long prompt (hidden for short ones); finish it at the first token.
-pub fn prefill_spinner(prompt_tokens: usize) -> ProgressBar {
-    if prompt_tokens < PREFILL_SPINNER_TOKENS {
+/// A bar for the prefill of a long prompt (hidden for short ones), advanced layer by layer by the passes
+/// `stats` watches; finish it at the first token.
+pub fn prefill_bar(prompt_tokens: usize, layers: usize, stats: Stats) -> (ProgressBar, Stats) {
+    let pb = bar(prompt_tokens, layers);
+    let hook = pb.clone();
+    let stats = stats.on_layer(move |l| {
+        if !hook.is_finished() {
+            hook.set_position(l as u64 + 1);
+        }
+    });
+    (pb, stats)
+}
+
+fn bar(prompt_tokens: usize, layers: usize) -> ProgressBar {
+    if prompt_tokens < PREFILL_BAR_TOKENS {
         return ProgressBar::hidden();
     }
-    spinner(format!("prefilling {prompt_tokens} prompt tokens"))
+    let pb = ProgressBar::new(layers as u64);
+    let style = ProgressStyle::with_template(&format!(
+        "prefilling {prompt_tokens} prompt tokens {{bar:30}} layer {{pos}}/{{len}} ({{elapsed}}, {{eta}} left)"
+    ))
+    .expect("the built-in template parses");
+    pb.set_style(style);
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
 }

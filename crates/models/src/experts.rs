@@ -24,6 +24,8 @@ pub struct Stats {
     pub expert_uses: AtomicU64,
     layer_secs: Mutex<Vec<f64>>,
     routes: Option<Mutex<Vec<Route>>>,
+    /// Called with each layer's index as a pass finishes it (a progress display for long prefills).
+    on_layer: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
 
 impl Stats {
@@ -33,6 +35,12 @@ impl Stats {
             routes: Some(Mutex::new(Vec::new())),
             ..Stats::default()
         }
+    }
+
+    /// Calls `f(layer)` as each pass finishes each layer.
+    pub fn on_layer(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Stats {
+        self.on_layer = Some(Box::new(f));
+        self
     }
 
     pub fn record_routes(&self, layer: usize, ids: impl Iterator<Item = Vec<usize>>) {
@@ -54,6 +62,10 @@ impl Stats {
             v.resize(layer + 1, 0.0);
         }
         v[layer] += since.elapsed().as_secs_f64();
+        drop(v);
+        if let Some(f) = &self.on_layer {
+            f(layer);
+        }
     }
 
     /// Seconds spent in each layer so far.
