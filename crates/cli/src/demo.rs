@@ -8,7 +8,7 @@ use crate::{
 use anyhow::Result;
 use clap::Args;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The trained checkpoint, file by file, exactly as committed under models/shakespeare-k3.
 const SHAKESPEARE: &[(&str, &[u8])] = &[
@@ -42,6 +42,29 @@ const SHAKESPEARE: &[(&str, &[u8])] = &[
     ),
 ];
 
+const DRAFTER: &[(&str, &[u8])] = &[
+    (
+        "config.json",
+        include_bytes!("../../../models/shakespeare-k3-drafter/config.json"),
+    ),
+    (
+        "generation_config.json",
+        include_bytes!("../../../models/shakespeare-k3-drafter/generation_config.json"),
+    ),
+    (
+        "model.safetensors",
+        include_bytes!("../../../models/shakespeare-k3-drafter/model.safetensors"),
+    ),
+    (
+        "tiktoken.model",
+        include_bytes!("../../../models/shakespeare-k3-drafter/tiktoken.model"),
+    ),
+    (
+        "tokenizer_config.json",
+        include_bytes!("../../../models/shakespeare-k3-drafter/tokenizer_config.json"),
+    ),
+];
+
 #[derive(Args)]
 pub struct DemoArgs {
     /// Where the demo model is unpacked and kept (default: $DELTAFIN_CACHE, else ~/.cache/deltafin).
@@ -60,6 +83,10 @@ pub struct DemoArgs {
     /// Seed of the sampler (temperature 0.8, top-p 0.95).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Speculative decoding with the built-in drafter (trained alongside the model): the same text, fewer
+    /// passes of the model.
+    #[arg(long, conflicts_with = "random")]
+    speculative: bool,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -84,18 +111,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
         }
         dir
     } else {
-        let dir = cache.join("shakespeare-k3");
-        if !dir.join("model.safetensors.index.json").exists() {
-            eprintln!("unpacking the built-in model into {} ...", dir.display());
-            create_atomically(&dir, |tmp| {
-                std::fs::create_dir_all(tmp)?;
-                for (name, bytes) in SHAKESPEARE {
-                    std::fs::write(tmp.join(name), bytes)?;
-                }
-                Ok(())
-            })?;
-        }
-        dir
+        unpack(&cache.join("shakespeare-k3"), SHAKESPEARE)?
+    };
+    let draft = if a.speculative {
+        Some(unpack(&cache.join("shakespeare-k3-drafter"), DRAFTER)?)
+    } else {
+        None
     };
     let gen = GenArgs {
         prompt: Some(a.prompt),
@@ -109,6 +130,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         system: None,
         effort: None,
         stats: true,
+        draft,
+        draft_tokens: 4,
         // A little randomness keeps a small model out of greedy loops; seeded, so the demo is reproducible.
         sampling: crate::SamplingArgs {
             temperature: 0.8,
@@ -117,4 +140,19 @@ pub fn run(a: DemoArgs) -> Result<()> {
         },
     };
     generate::run(&dir, &gen, &a.store.load_options(&dir)?)
+}
+
+/// Writes the built-in `files` into `dir` once (atomically) and returns it.
+fn unpack(dir: &Path, files: &[(&str, &[u8])]) -> Result<PathBuf> {
+    if !dir.join("config.json").exists() {
+        eprintln!("unpacking a built-in model into {} ...", dir.display());
+        create_atomically(dir, |tmp| {
+            std::fs::create_dir_all(tmp)?;
+            for (name, bytes) in files {
+                std::fs::write(tmp.join(name), bytes)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(dir.to_path_buf())
 }

@@ -5,7 +5,7 @@ use crate::chat::{ChatFormat, ReplyPrinter};
 use crate::progress;
 use crate::GenArgs;
 use anyhow::{bail, Context, Result};
-use deltafin_engine::{generate, Flow, Request};
+use deltafin_engine::{generate, generate_speculative, Draft, Flow, Request};
 use deltafin_formats::npy;
 use deltafin_models::{LoadOptions, Model, Stats};
 use deltafin_tokenizer::chat::ChatMessage;
@@ -83,7 +83,17 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let mut parser = format.as_ref().map(ChatFormat::reply_parser);
     let mut printer = ReplyPrinter::new(true);
     let mut failure = None;
-    let output = generate(&model, &req, &stats, |token, logits| {
+    let drafter = match &args.draft {
+        Some(d) => Some(progress::while_busy("loading the drafter", || {
+            Model::load(d)
+        })?),
+        None => None,
+    };
+    let mut draft = drafter
+        .as_ref()
+        .map(|d| Draft::new(d, &model, args.draft_tokens))
+        .transpose()?;
+    let on_token = |token: u32, logits: &[f32]| {
         prefill.finish_and_clear();
         if let Some(ev) = &mut events {
             if let Err(e) = ev.token(&model, &stats, token) {
@@ -105,7 +115,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
             }
         }
         Flow::Continue
-    })?;
+    };
+    let output = match &mut draft {
+        Some(d) => generate_speculative(&model, d, &req, &stats, on_token)?,
+        None => generate(&model, &req, &stats, on_token)?,
+    };
     prefill.finish_and_clear();
     if let Some(e) = failure {
         return Err(e);
@@ -134,6 +148,18 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
             "{}",
             crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs)
         );
+        if let Some(d) = &draft {
+            eprintln!(
+                "[speculative] up to {} guesses per pass: {} of {} taken ({:.1}%); {} generated tokens took {} checking passes + {} re-runs of the model",
+                d.k,
+                d.accepted,
+                d.proposed,
+                100.0 * d.acceptance(),
+                output.tokens.len(),
+                d.passes,
+                d.reruns
+            );
+        }
     }
     Ok(())
 }

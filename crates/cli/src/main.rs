@@ -125,6 +125,13 @@ struct GenArgs {
     /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).
     #[arg(long)]
     stats: bool,
+    /// Speculative decoding: this small model (sharing the tokenizer) guesses the next tokens and the model
+    /// checks them in one pass. The tokens and logits are exactly those of a run without it.
+    #[arg(long, value_name = "DIR", conflicts_with = "events")]
+    draft: Option<PathBuf>,
+    /// Tokens the drafter guesses per pass of the model.
+    #[arg(long, default_value_t = 4, requires = "draft")]
+    draft_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
 }

@@ -3,7 +3,7 @@
 //! cancellation between passes. Prefill chunks and token-by-token decoding give bit-identical logits, so
 //! how the work is cut never changes the output.
 
-use crate::{FinishReason, Flow, Request, Sampler};
+use crate::{Draft, FinishReason, Flow, Request, Sampler};
 use anyhow::{bail, Result};
 use deltafin_models::{LogitRows, Model, Session, Stats};
 use std::time::Instant;
@@ -139,20 +139,99 @@ impl Generation {
             return Ok(self.finish);
         };
         let t0 = Instant::now();
-        let next = self.sampler.pick(last);
-        self.tokens.push(next);
-        self.finish = if on_token(next, last) == Flow::Stop {
+        let last = last.clone();
+        let next = self.sampler.pick(&last);
+        self.finish = self.emit(next, &last, &mut on_token);
+        if self.finish.is_none() {
+            let logits = model.forward(&mut self.session, &[next], LogitRows::Last, stats)?;
+            self.history.push(next);
+            self.last = Some(logits);
+        }
+        self.decode_secs += t0.elapsed().as_secs_f64();
+        Ok(self.finish)
+    }
+
+    /// Hands a chosen token out; whether generation ends with it.
+    fn emit(
+        &mut self,
+        token: u32,
+        logits: &[f32],
+        on_token: &mut impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Option<FinishReason> {
+        self.tokens.push(token);
+        if on_token(token, logits) == Flow::Stop {
             Some(FinishReason::Caller)
-        } else if self.stop_ids.contains(&next) {
+        } else if self.stop_ids.contains(&token) {
             Some(FinishReason::StopToken)
         } else if self.tokens.len() >= self.max_new {
             Some(FinishReason::Length)
         } else {
-            let logits = model.forward(&mut self.session, &[next], LogitRows::Last, stats)?;
-            self.history.push(next);
-            self.last = Some(logits);
             None
-        };
+        }
+    }
+
+    /// Like [`Self::step`], but once the prompt is consumed each step chooses the next token, lets `draft`
+    /// guess up to `draft.k` more, and checks them all with one multi-row pass of `model`. Every token is
+    /// still chosen by this generation's sampler from `model`'s logits for exactly the same history, and
+    /// a pass's rows equal single-token passes bit for bit, so the tokens and logits handed out are exactly
+    /// those of [`Self::step`] — the drafter only decides how many come out of one pass.
+    pub fn step_speculative(
+        &mut self,
+        model: &Model,
+        draft: &mut Draft,
+        stats: &Stats,
+        prefill_chunk: usize,
+        mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Result<Option<FinishReason>> {
+        let room = self.max_new.saturating_sub(self.tokens.len() + 1);
+        if self.finish.is_some() || self.last.is_none() || room == 0 || draft.k == 0 {
+            return self.step(model, stats, prefill_chunk, on_token);
+        }
+        let t0 = Instant::now();
+        let last = self.last.take().expect("prefilled");
+        let first = self.sampler.pick(&last);
+        let mut fed = vec![first];
+        if let Some(f) = self.emit(first, &last, &mut on_token) {
+            self.last = Some(last);
+            self.finish = Some(f);
+            self.decode_secs += t0.elapsed().as_secs_f64();
+            return Ok(self.finish);
+        }
+        let guesses = draft.guess(&self.history, first, draft.k.min(room))?;
+        let before = self.session.clone();
+        let mut pass = vec![first];
+        pass.extend_from_slice(&guesses);
+        let rows = model.forward(&mut self.session, &pass, LogitRows::All, stats)?;
+        let vocab = model.config().vocab_size;
+        let row = |i: usize| &rows[i * vocab..(i + 1) * vocab];
+        for (i, &guess) in guesses.iter().enumerate() {
+            draft.proposed += 1;
+            let rewind = self.sampler.clone();
+            if self.sampler.pick(row(i)) != guess {
+                // The target chooses otherwise here: that choice is made again, from the same state, next step.
+                self.sampler = rewind;
+                break;
+            }
+            draft.accepted += 1;
+            if let Some(f) = self.emit(guess, row(i), &mut on_token) {
+                self.finish = Some(f);
+                break;
+            }
+            fed.push(guess);
+        }
+        draft.passes += 1;
+        if self.finish.is_none() && fed.len() == pass.len() {
+            // Every guess was taken: the pass left the session exactly where the history now ends.
+            self.last = Some(row(fed.len() - 1).to_vec());
+        } else {
+            // The session ran past the taken tokens (a token that ends generation is, as in `step`, handed
+            // out but not fed): run the taken ones again from before the pass.
+            self.session = before;
+            self.last = Some(model.forward(&mut self.session, &fed, LogitRows::Last, stats)?);
+            draft.reruns += 1;
+        }
+        self.history.extend_from_slice(&fed);
+        draft.follow(&self.history)?;
         self.decode_secs += t0.elapsed().as_secs_f64();
         Ok(self.finish)
     }

@@ -10,6 +10,7 @@ pub mod logprobs;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
+pub mod speculative;
 pub mod stop;
 
 use anyhow::Result;
@@ -19,6 +20,7 @@ pub use logprobs::{logprobs, TokenLogprob};
 pub use prefix_cache::{session_bytes, PrefixCache};
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
+pub use speculative::Draft;
 pub use stop::StopMatcher;
 
 /// What to generate.
@@ -76,6 +78,30 @@ pub fn generate_in(
     session: &mut Session,
     req: &Request,
     stats: &Stats,
+    on_token: impl FnMut(u32, &[f32]) -> Flow,
+) -> Result<Output> {
+    run(model, session, req, stats, None, on_token)
+}
+
+/// Like [`generate`] with speculative decoding: `draft` guesses, `model` checks. The tokens and logits handed
+/// out are exactly those of [`generate`].
+pub fn generate_speculative(
+    model: &Model,
+    draft: &mut Draft,
+    req: &Request,
+    stats: &Stats,
+    on_token: impl FnMut(u32, &[f32]) -> Flow,
+) -> Result<Output> {
+    let mut session = model.new_session();
+    run(model, &mut session, req, stats, Some(draft), on_token)
+}
+
+fn run(
+    model: &Model,
+    session: &mut Session,
+    req: &Request,
+    stats: &Stats,
+    mut draft: Option<&mut Draft>,
     mut on_token: impl FnMut(u32, &[f32]) -> Flow,
 ) -> Result<Output> {
     let taken = std::mem::replace(
@@ -87,7 +113,11 @@ pub fn generate_in(
     );
     let mut gen = Generation::continuing(model, req, taken)?;
     let result = loop {
-        match gen.step(model, stats, usize::MAX, &mut on_token) {
+        let step = match &mut draft {
+            Some(d) => gen.step_speculative(model, d, stats, usize::MAX, &mut on_token),
+            None => gen.step(model, stats, usize::MAX, &mut on_token),
+        };
+        match step {
             Ok(Some(finish)) => break Ok(finish),
             Ok(None) => {}
             Err(e) => break Err(e),

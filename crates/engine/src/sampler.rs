@@ -28,6 +28,8 @@ impl Default for SamplingParams {
     }
 }
 
+/// Cloning snapshots the random stream: speculative decoding rewinds it when a draft is rejected.
+#[derive(Clone)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha20Rng,

@@ -318,3 +318,65 @@ fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
     );
     sched.join();
 }
+
+/// Like [`drive`], with `draft` guessing.
+fn drive_speculative(
+    model: &Model,
+    draft: &mut Draft,
+    mut gen: Generation,
+) -> (Vec<u32>, Vec<Vec<u32>>, Generation) {
+    let stats = Stats::default();
+    let mut logits = Vec::new();
+    while gen
+        .step_speculative(model, draft, &stats, 256, |_, l| {
+            logits.push(l.iter().map(|x| x.to_bits()).collect());
+            Flow::Continue
+        })
+        .unwrap()
+        .is_none()
+    {}
+    (gen.tokens().to_vec(), logits, gen)
+}
+
+#[test]
+fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    make_model(Arch::KimiK3, Preset::Tiny, 1, dir.path()).unwrap();
+    let other = Model::load(dir.path()).unwrap();
+    let plain = drive(
+        &m,
+        Generation::new(&m, &request(&PROMPT, 20, 0.0), None).unwrap(),
+        256,
+    );
+    for temperature in [0.0, 0.9] {
+        let mut req = request(&PROMPT, 20, temperature);
+        // End on the 7th token of the greedy run when it comes up.
+        req.stop_ids = vec![plain.0[6]];
+        let (a_tokens, a_logits, a) = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+        // A drafter that is always right (the model itself) and one that is mostly wrong.
+        for drafter in [&*m, &other] {
+            for k in [1, 3, 8] {
+                let mut draft = Draft::new(drafter, &m, k).unwrap();
+                let (b_tokens, b_logits, b) =
+                    drive_speculative(&m, &mut draft, Generation::new(&m, &req, None).unwrap());
+                assert_eq!(a_tokens, b_tokens, "t={temperature} k={k}");
+                assert!(a_logits == b_logits, "t={temperature} k={k}");
+                assert_eq!(a.finish_reason(), b.finish_reason());
+                // Both sessions consumed the same history: the next pass is bit-identical.
+                let (ha, mut sa, la) = a.snapshot().unwrap();
+                let (hb, mut sb, lb) = b.into_snapshot().unwrap();
+                assert_eq!(ha, hb);
+                assert!(la == lb);
+                let stats = Stats::default();
+                let rows = deltafin_models::LogitRows::Last;
+                let next_a = m.forward(&mut sa, &[7], rows, &stats).unwrap();
+                let next_b = m.forward(&mut sb, &[7], rows, &stats).unwrap();
+                assert!(next_a == next_b);
+                if std::ptr::eq(drafter, &*m) && temperature == 0.0 {
+                    assert_eq!(draft.acceptance(), 1.0, "the model agrees with itself");
+                }
+            }
+        }
+    }
+}

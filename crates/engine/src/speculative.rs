@@ -1,0 +1,79 @@
+//! The drafter side of speculative decoding: a small model sharing the tokenizer guesses the next tokens
+//! greedily; [`crate::Generation::step_speculative`] checks the guesses with one pass of the target and keeps
+//! what the target itself would have chosen.
+
+use crate::sampler::argmax;
+use anyhow::{bail, Result};
+use deltafin_models::{LogitRows, Model, Session, Stats};
+
+pub struct Draft<'m> {
+    model: &'m Model,
+    session: Session,
+    /// Tokens the session has consumed: always a prefix of the target's history.
+    consumed: Vec<u32>,
+    /// Tokens guessed per target pass.
+    pub k: usize,
+    /// Guesses compared with the model's choice, and those that matched (guesses past the end are neither).
+    pub proposed: u64,
+    pub accepted: u64,
+    /// Target passes that checked guesses.
+    pub passes: u64,
+    /// Target passes that re-ran the taken tokens after a guess was refused.
+    pub reruns: u64,
+    pub stats: Stats,
+}
+
+impl<'m> Draft<'m> {
+    pub fn new(drafter: &'m Model, target: &Model, k: usize) -> Result<Draft<'m>> {
+        let (dv, tv) = (drafter.config().vocab_size, target.config().vocab_size);
+        if dv != tv {
+            bail!("the drafter's vocabulary has {dv} tokens, the model's {tv}; a drafter must share the model's tokenizer");
+        }
+        Ok(Draft {
+            model: drafter,
+            session: drafter.new_session(),
+            consumed: Vec::new(),
+            k,
+            proposed: 0,
+            accepted: 0,
+            passes: 0,
+            reruns: 0,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Fraction of guesses the target took.
+    pub fn acceptance(&self) -> f64 {
+        self.accepted as f64 / self.proposed.max(1) as f64
+    }
+
+    /// Greedy guesses of the `n` tokens after `history` and `first`.
+    pub(crate) fn guess(&mut self, history: &[u32], first: u32, n: usize) -> Result<Vec<u32>> {
+        self.follow(history)?;
+        let mut s = self.session.clone();
+        let mut out = Vec::with_capacity(n);
+        let mut next = first;
+        for _ in 0..n {
+            let logits = self
+                .model
+                .forward(&mut s, &[next], LogitRows::Last, &self.stats)?;
+            next = argmax(&logits);
+            out.push(next);
+        }
+        Ok(out)
+    }
+
+    /// Brings the session to the end of `history`, which extends what it has consumed.
+    pub(crate) fn follow(&mut self, history: &[u32]) -> Result<()> {
+        if !history.starts_with(&self.consumed) {
+            bail!("internal: the drafter's history is not a prefix of the model's");
+        }
+        let rest = &history[self.consumed.len()..];
+        if !rest.is_empty() {
+            self.model
+                .forward(&mut self.session, rest, LogitRows::Last, &self.stats)?;
+            self.consumed.extend_from_slice(rest);
+        }
+        Ok(())
+    }
+}
