@@ -40,6 +40,10 @@ if [ "$MODE" != bench ]; then
     log "$arch $preset: cpu ids $(tail -1 "$W/cpu.txt") | cuda ids $(tail -1 "$W/gpu.txt")"
     python3 tools/cuda/compare.py "$W/$arch-$preset-cpu.npy" "$W/$arch-$preset-gpu.npy" 12 "$arch-$preset" 2>&1 | tee -a "$REPORT" || fail=1
     if cmp -s "$W/$arch-$preset-gpu.npy" "$W/$arch-$preset-gpu2.npy"; then log "  reproducible: two CUDA runs bit-identical"; else log "  NOT reproducible across CUDA runs"; fail=1; fi
+    # Every expert streamed through a VRAM budget of a few records (waves, copies from the RAM cache): the same bits.
+    vram=16K; [ "$preset" = small ] && vram=2M
+    "$BIN" run --model "$m" --device cuda --expert-vram $vram --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$arch-$preset-gpu3.npy" >/dev/null 2>&1
+    if cmp -s "$W/$arch-$preset-gpu.npy" "$W/$arch-$preset-gpu3.npy"; then log "  streamed (--expert-vram $vram): bit-identical to resident"; else log "  streamed (--expert-vram $vram) DIFFERS from resident"; fail=1; fi
     tail -1 "$W/gpu.err" | tee -a "$REPORT"
   done; done
   cp "$W"/kimi_k3-small-*.npy "$OUT/" 2>/dev/null

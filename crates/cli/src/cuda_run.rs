@@ -132,7 +132,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     let mut sorted = step_secs.clone();
     let med = deltafin_cuda::probe::median(&mut sorted);
     eprintln!(
-        "[cuda] {} | load {load_secs:.2}s | prefill {} tok {prefill_secs:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB, staging {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token",
+        "[cuda] {} | load {load_secs:.2}s | prefill {} tok {prefill_secs:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token",
         model.device_name(),
         prompt.len(),
         step_secs.len(),
@@ -143,6 +143,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         c.vram_hits,
         c.vram_misses,
         c.h2d_bytes as f64 / 1e6,
+        if model.copies_from_slab() {
+            "from the page-locked RAM cache"
+        } else {
+            "staged"
+        },
         c.stage_secs,
         half_h2d as f64 / 1e6 / half.len().max(1) as f64,
         half_h2d as f64 / half_secs.max(1e-12) / 1e9,

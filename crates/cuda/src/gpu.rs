@@ -9,7 +9,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The kernels' CUDA C source, compiled at run time for the GPU in hand.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -31,6 +31,9 @@ pub const KERNEL_NAMES: &[&str] = &[
     "expert_down",
     "moe_combine",
 ];
+
+/// The kernels whose dynamic shared memory can exceed the default 48 KB.
+const DYNAMIC_SMEM: &[&str] = &["matmul_bf16", "expert_up", "expert_down"];
 
 /// Why CUDA cannot be used here, or `Ok` with the device count: checks the driver library, the NVRTC
 /// library and the devices, without panicking (cudarc panics on a missing library when first used).
@@ -80,6 +83,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub copy: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
+    /// Page-locked landing buffer of `dtoh`, grown on demand.
+    readback: Mutex<Option<Pinned>>,
     pub name: String,
     pub sm: (i32, i32),
 }
@@ -105,11 +110,29 @@ impl Gpu {
         let module = ctx
             .load_module(ptx)
             .map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
+        // Kernels that stage rows in dynamic shared memory may take all the block can have (beyond 48 KB only
+        // on request).
+        let smem_max = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| anyhow!("{e:?}"))?;
         let mut funcs = HashMap::new();
         for &k in KERNEL_NAMES {
             let f = module
                 .load_function(k)
                 .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+            if DYNAMIC_SMEM.contains(&k) {
+                // Static and dynamic shared memory together stay within the block's limit.
+                let fixed = f
+                    .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                    .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem_max - fixed,
+                )
+                .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+            }
             funcs.insert(k, f);
         }
         let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
@@ -119,6 +142,7 @@ impl Gpu {
             stream,
             copy,
             funcs,
+            readback: Mutex::new(None),
             name,
             sm,
         })
@@ -157,15 +181,33 @@ impl Gpu {
         unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(|e| anyhow!("host-to-device copy: {e:?}"))
     }
 
-    /// Copies on the compute stream (ordered after the kernels before it) and waits for it.
+    /// Copies on the compute stream (ordered after the kernels before it) and waits for it, through a
+    /// page-locked buffer (a copy into pageable memory is slower to set up and may be staged).
     pub fn dtoh<T: Copy + Default>(&self, src: u64, len: usize) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); len];
-        // SAFETY: src holds len values of T; the stream is synchronised before `out` is read.
-        unsafe { cu::memcpy_dtoh_async(&mut out, src, self.stream.cu_stream()) }
-            .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
+        let bytes = len * std::mem::size_of::<T>();
+        let mut rb = self.readback.lock().unwrap();
+        if rb.as_ref().is_none_or(|p| p.bytes < bytes) {
+            *rb = None;
+            *rb = Some(Pinned::new(self, bytes.next_power_of_two(), false)?);
+        }
+        let pinned = rb.as_mut().expect("sized above");
+        // SAFETY: src holds `bytes`; the buffer is synchronised before it is read.
+        unsafe {
+            cu::memcpy_dtoh_async(
+                &mut pinned.as_mut_slice()[..bytes],
+                src,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
         self.stream
             .synchronize()
             .map_err(|e| anyhow!("a kernel failed: {e:?}"))?;
+        let mut out = vec![T::default(); len];
+        // SAFETY: `bytes` bytes of plain values of T, copied byte for byte.
+        unsafe {
+            std::ptr::copy_nonoverlapping(pinned.ptr, out.as_mut_ptr() as *mut u8, bytes);
+        }
         Ok(out)
     }
 
@@ -318,10 +360,16 @@ unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
-    pub fn new(gpu: &Gpu, bytes: usize) -> Result<Pinned> {
+    /// `write_combined`: for memory the CPU only writes and the DMA engine reads (CPU reads of it are slow).
+    pub fn new(gpu: &Gpu, bytes: usize, write_combined: bool) -> Result<Pinned> {
         gpu.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
-        // SAFETY: allocation; freed in Drop. Write-combined: the CPU only writes it, the DMA engine reads it.
-        let ptr = unsafe { cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_WRITECOMBINED) }
+        let flags = if write_combined {
+            sys::CU_MEMHOSTALLOC_WRITECOMBINED
+        } else {
+            0
+        };
+        // SAFETY: allocation; freed in Drop.
+        let ptr = unsafe { cu::malloc_host(bytes.max(1), flags) }
             .map_err(|e| anyhow!("pinned host allocation of {bytes} bytes failed: {e:?}"))?;
         Ok(Pinned {
             ptr: ptr as *mut u8,

@@ -3,9 +3,10 @@
 //
 // Every dot product follows the CPU kernels' fixed order (crates/kernels): element i of the 32-multiple
 // prefix goes to lane i % 32 in increasing i with one fma, then the lanes fold by the tree
-// acc[k] += acc[k + h], h = 16, 8, 4, 2, 1 — which is exactly a warp's shuffle-down reduction; the tail
-// follows in order. One warp computes one (row, output) value, whatever the batch, so results do not
-// depend on which other rows share a pass.
+// acc[k] += acc[k + h], h = 16, 8, 4, 2, 1; the tail follows in order. The "lanes" are accumulators, not
+// threads: a warp may hold them one per thread (spine matrices, norms, attention), a row's four threads eight
+// each (the gated MLP), or one thread all 32 (routed experts, as the CPU does). Each (row, output) value is
+// computed by its own threads whatever the batch, so results do not depend on which other rows share a pass.
 
 typedef unsigned short u16;
 typedef unsigned char u8;
@@ -59,100 +60,157 @@ __device__ float warp_dot(const float* a, const float* b, int len, int lane) {
     return acc;
 }
 
-// Dot of BF16 row w (cols % 32 == 0, 4-byte aligned) with R rows of x (stride xs); acc[t] per x row.
+// Dot of BF16 row w (cols % 32 == 0, 4-byte aligned) with x, one warp; result valid in lane 0.
 // Each lane loads two weights (u32) of a 64-element chunk; shuffles hand element c + lane to lane `lane`.
-template <int R>
-__device__ __forceinline__ void dot_bf16_rows(const u16* w, const float* x, int xs, int cols, int nrows,
-                                              int lane, float* acc) {
+__device__ float warp_dot_bf16(const u16* w, const float* x, int cols, int lane) {
     const u32* w2 = (const u32*)w;
-#pragma unroll
-    for (int t = 0; t < R; t++) acc[t] = 0.0f;
-#pragma unroll 2
+    float acc = 0.0f;
     for (int c = 0; c < cols; c += 64) {
         u32 a = (c + 2 * lane < cols) ? __ldg(w2 + (c >> 1) + lane) : 0u;
         u32 va = __shfl_sync(FULL, a, lane >> 1);
         u32 vb = __shfl_sync(FULL, a, 16 + (lane >> 1));
-        float w0 = bf16f((lane & 1) ? (va >> 16) : (va & 0xffff));
-        float w1 = bf16f((lane & 1) ? (vb >> 16) : (vb & 0xffff));
-        bool second = c + 32 < cols;
-#pragma unroll
-        for (int t = 0; t < R; t++) {
-            if (t < nrows) {
-                const float* xr = x + (size_t)t * xs + c;
-                acc[t] = fmaf(w0, xr[lane], acc[t]);
-                if (second) acc[t] = fmaf(w1, xr[32 + lane], acc[t]);
-            }
-        }
+        acc = fmaf(bf16f((lane & 1) ? (va >> 16) : (va & 0xffff)), x[c + lane], acc);
+        if (c + 32 < cols) acc = fmaf(bf16f((lane & 1) ? (vb >> 16) : (vb & 0xffff)), x[c + 32 + lane], acc);
     }
-#pragma unroll
-    for (int t = 0; t < R; t++) acc[t] = fold_lanes(acc[t]);
+    return fold_lanes(acc);
 }
 
-// MXFP4 row: packed cols/2 bytes, scales cols/32. Lane `lane` takes element 32b + lane of block b.
-template <int R>
-__device__ __forceinline__ void dot_mxfp4_rows(const u8* packed, const u8* scales, const float* x, int xs,
-                                               int cols, int nrows, int lane, float* acc) {
+// 16 bytes of weights, prefetching the rest of their 256-byte L2 line: the next blocks of the same row(s)
+// are read by the same threads shortly after. volatile: a plain asm counts as side-effect free, and the
+// compiler then hoists it out of the bounds checks around it (reads past the end of a matrix).
+__device__ __forceinline__ uint4 ldg_w(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// BF16 rows with four threads per row: thread q (0..3) owns lanes 8q..8q+7, so each 32-element block is one
+// 16-byte load per thread (64 contiguous bytes per row). acc[t][i] is lane 8q+i of x row t; the lane tree
+// then runs across the four threads (h = 16, 8 by shuffles) and inside thread 0 (h = 4, 2, 1).
+// cols % 32 == 0, rows 16-byte aligned. Every lane of the warp calls this (shuffles); out[t] valid in q == 0.
+template <int T>
+__device__ __forceinline__ void dot4_bf16(const u16* w, const float* x, int xs, int cols, int nt, int q,
+                                          float* out) {
+    float acc[T][8];
 #pragma unroll
-    for (int t = 0; t < R; t++) acc[t] = 0.0f;
-    int blocks = cols / 32;
-    int b = 0;
-    if ((((size_t)packed) & 3) == 0) {
-        // Eight blocks (128 bytes) per step: lane loads bytes 4*lane..4*lane+3; element lane of block j is
-        // byte lane/2 of that block, i.e. in lane 4j + lane/8, byte (lane/2) % 4.
-        for (; b + 8 <= blocks; b += 8) {
-            u32 a = __ldg((const u32*)(packed + (size_t)b * 16) + lane);
+    for (int t = 0; t < T; t++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                u32 v = __shfl_sync(FULL, a, 4 * j + (lane >> 3));
-                u32 byte = (v >> (8 * ((lane >> 1) & 3))) & 0xff;
-                u32 nib = (lane & 1) ? (byte >> 4) : (byte & 15);
-                float wv = e2m1f(nib) * e8m0f(__ldg(scales + b + j));
+        for (int i = 0; i < 8; i++) acc[t][i] = 0.0f;
+    const u16* wq = w + 8 * q;
+    const float* xq = x + 8 * q;
+#pragma unroll 4
+    for (int c = 0; c < cols; c += 32) {
+        uint4 v = ldg_w(wq + c);
+        u32 p[4] = {v.x, v.y, v.z, v.w};
+        float wf[8];
 #pragma unroll
-                for (int t = 0; t < R; t++)
-                    if (t < nrows) acc[t] = fmaf(wv, x[(size_t)t * xs + (b + j) * 32 + lane], acc[t]);
+        for (int i = 0; i < 4; i++) {
+            wf[2 * i] = __int_as_float((int)(p[i] << 16));
+            wf[2 * i + 1] = __int_as_float((int)(p[i] & 0xffff0000u));
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (t < nt) {
+                float4 x0 = __ldg((const float4*)(xq + (size_t)t * xs + c));
+                float4 x1 = __ldg((const float4*)(xq + (size_t)t * xs + c + 4));
+                float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[t][i] = fmaf(wf[i], xv[i], acc[t][i]);
             }
         }
     }
-    for (; b < blocks; b++) {
-        u32 byte = __ldg(packed + (size_t)b * 16 + (lane >> 1));
-        u32 nib = (lane & 1) ? (byte >> 4) : (byte & 15);
-        float wv = e2m1f(nib) * e8m0f(__ldg(scales + b));
 #pragma unroll
-        for (int t = 0; t < R; t++)
-            if (t < nrows) acc[t] = fmaf(wv, x[(size_t)t * xs + b * 32 + lane], acc[t]);
+    for (int t = 0; t < T; t++) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[t][i] += __shfl_down_sync(FULL, acc[t][i], 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[t][i] += __shfl_down_sync(FULL, acc[t][i], 1);
+#pragma unroll
+        for (int h = 4; h >= 1; h >>= 1)
+#pragma unroll
+            for (int i = 0; i < h; i++) acc[t][i] += acc[t][i + h];
+        out[t] = acc[t][0];
     }
-#pragma unroll
-    for (int t = 0; t < R; t++) acc[t] = fold_lanes(acc[t]);
 }
 
 #define TILE 4
 
-// y[t*rows + r] = W[r] . x[t] for t < n. One warp per output row r, x rows in tiles of TILE.
+// Copies `len` floats (len % 4 == 0, 16-byte aligned) into shared memory with the whole block; barriers on both
+// sides (the previous readers are done, the copy is complete).
+__device__ __forceinline__ void stage_x(float* xs, const float* x, int len) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < len / 4; i += blockDim.x) ((float4*)xs)[i] = __ldg((const float4*)x + i);
+    __syncthreads();
+}
+
+// y[t*rows + r] = W[r] . x[t] for t < n, x rows in tiles of TILE. One warp per output row, lane j holding
+// lane j of the order: the row streams through shared memory in 4 KB pieces of coalesced 16-byte loads (the
+// next piece in flight), and lane j reads element 32b + j of each block b from there. The tile's x rows are
+// staged in shared memory first (read by every warp; from global memory each block would wait on a miss).
+// Dynamic shared memory: 8 warps × 4 KB, then min(n, TILE) · cols floats.
 extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (r >= rows) return;
-    const u16* w = W + (size_t)r * cols;
+    extern __shared__ uint4 dyn[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4* piece = dyn + warp * 256;
+    float* xs = (float*)(dyn + 8 * 256);
+    int r = blockIdx.x * 8 + warp;
+    const uint4* w = (const uint4*)(W + (size_t)min(r, rows - 1) * cols);
+    const u16* sh = (const u16*)piece;
+    int chunks = cols / 8;
     for (int t0 = 0; t0 < n; t0 += TILE) {
+        stage_x(xs, x + (size_t)t0 * cols, min(TILE, n - t0) * cols);
         float acc[TILE];
-        dot_bf16_rows<TILE>(w, x + (size_t)t0 * cols, cols, cols, n - t0, lane, acc);
-        if (lane == 0)
+#pragma unroll
+        for (int t = 0; t < TILE; t++) acc[t] = 0.0f;
+        uint4 next[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) next[i] = 32 * i + lane < chunks ? ldg_w(w + 32 * i + lane) : make_uint4(0, 0, 0, 0);
+        for (int c0 = 0; c0 < chunks; c0 += 256) {
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < 8; i++) piece[32 * i + lane] = next[i];
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int c = c0 + 256 + 32 * i + lane;
+                if (c < chunks) next[i] = ldg_w(w + c);
+            }
+            int len = min(2048, cols - 8 * c0);
+            const float* xc = xs + 8 * c0 + lane;
+#pragma unroll 4
+            for (int e = 0; e < len; e += 32) {
+                float wv = bf16f(sh[e + lane]);
+#pragma unroll
+                for (int t = 0; t < TILE; t++)
+                    if (t0 + t < n) acc[t] = fmaf(wv, xc[(size_t)t * cols + e], acc[t]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TILE; t++) acc[t] = fold_lanes(acc[t]);
+        if (lane == 0 && r < rows)
             for (int t = 0; t < TILE && t0 + t < n; t++) y[(size_t)(t0 + t) * rows + r] = acc[t];
     }
 }
 
-// out[t*rows + r] = act(G[r] . x[t], U[r] . x[t]): a gated MLP's first half, fused.
+// out[t*rows + r] = act(G[r] . x[t], U[r] . x[t]): a gated MLP's first half, fused. Eight threads per row:
+// four on the gate row, four on the up row.
 extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
                                       int n, int act) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (r >= rows) return;
+    int q = threadIdx.x & 3, up = (threadIdx.x >> 2) & 1;
+    int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
+    if (r - (threadIdx.x & 31) / 8 >= rows) return;
+    int rr = min(r, rows - 1);
+    const u16* w = (up ? U : G) + (size_t)rr * cols;
     for (int t0 = 0; t0 < n; t0 += TILE) {
-        float g[TILE], u[TILE];
-        dot_bf16_rows<TILE>(G + (size_t)r * cols, x + (size_t)t0 * cols, cols, cols, n - t0, lane, g);
-        dot_bf16_rows<TILE>(U + (size_t)r * cols, x + (size_t)t0 * cols, cols, cols, n - t0, lane, u);
-        if (lane == 0)
-            for (int t = 0; t < TILE && t0 + t < n; t++) out[(size_t)(t0 + t) * rows + r] = actf(act, g[t], u[t]);
+        float acc[TILE];
+        dot4_bf16<TILE>(w, x + (size_t)t0 * cols, cols, cols, n - t0, q, acc);
+#pragma unroll
+        for (int t = 0; t < TILE; t++) {
+            float u = __shfl_down_sync(FULL, acc[t], 4);
+            if (q == 0 && !up && r < rows && t0 + t < n) out[(size_t)(t0 + t) * rows + r] = actf(act, acc[t], u);
+        }
     }
 }
 
@@ -382,10 +440,142 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     }
     __syncthreads();
     for (int i = warp; i < dv; i += warps) {
-        float acc[1];
-        dot_bf16_rows<1>(kv_b + (base + nope + i) * kvl, ctx, kvl, kvl, 1, lane, acc);
-        if (lane == 0) out[(size_t)t * heads * dv + (size_t)hd * dv + i] = acc[0];
+        float acc = warp_dot_bf16(kv_b + (base + nope + i) * kvl, ctx, kvl, lane);
+        if (lane == 0) out[(size_t)t * heads * dv + (size_t)hd * dv + i] = acc;
     }
+}
+
+// Routed experts: one thread per expert row (the CPU's own shape), 32 accumulators in registers, one per lane
+// of the fixed order, the tree folded in-thread. A warp owns 32 consecutive rows and reads them in coalesced
+// 128-byte pieces (four rows per load instruction) into shared memory, from where each thread takes its own
+// row's 16-byte chunks; the next piece is in flight while the current one is computed. x is the same for every
+// thread of a block (broadcast loads).
+
+// Element k of an E2M1 word (bits 4k..4k+3) as f32 bits of e2m1 · 2^-126: magnitude m at bits 22..24 is exactly
+// that (m = 1 lands on the subnormal 2^-127), the sign at bit 31.
+__device__ __forceinline__ float e2m1_scaled(u32 w, int k) {
+    u32 s = k < 6 ? w << (22 - 4 * k) : w >> (4 * k - 22);
+    u32 sg = k < 7 ? w << (28 - 4 * k) : w;
+    return __int_as_float((int)((s & 0x01c00000u) | (sg & 0x80000000u)));
+}
+
+// One MXFP4 block into the 32 accumulators. e2m1 · 2^(s-127) is exact in f32, as on the CPU: for s <= 128 it is
+// one multiply of the 2^-126-scaled value by 2^(s-1); beyond, 2^(s-1) would overflow, so two multiplies.
+template <bool FAST>
+__device__ __forceinline__ void mx_block_as(float* acc, uint4 v, float c, const float* xb) {
+    u32 p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 f = ((const float4*)xb)[i];
+        float xv[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int j = 4 * i + k;
+            float w = e2m1_scaled(p[j / 8], j % 8);
+            acc[j] = fmaf((FAST ? w : w * 0x1p126f) * c, xv[k], acc[j]);
+        }
+    }
+}
+
+__device__ __forceinline__ void mx_block(float* acc, uint4 v, u32 s, const float* xb) {
+    if (s <= 128)
+        mx_block_as<true>(acc, v, __int_as_float((int)((s + 126u) << 23)), xb);
+    else
+        mx_block_as<false>(acc, v, e8m0f(s), xb);
+}
+
+// Eight BF16 weights (lanes 8q..8q+7 of their block) into the accumulators.
+__device__ __forceinline__ void bf16_chunk(float* acc, uint4 v, const float* xc) {
+    u32 p[4] = {v.x, v.y, v.z, v.w};
+    float4 x0 = ((const float4*)xc)[0], x1 = ((const float4*)xc)[1];
+    float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        acc[2 * k] = fmaf(__int_as_float((int)(p[k] << 16)), xv[2 * k], acc[2 * k]);
+        acc[2 * k + 1] = fmaf(__int_as_float((int)(p[k] & 0xffff0000u)), xv[2 * k + 1], acc[2 * k + 1]);
+    }
+}
+
+// The lane tree over 32 accumulators in one thread (written out so that every index is a constant).
+__device__ __forceinline__ float fold32(float* acc) {
+#pragma unroll
+    for (int k = 0; k < 16; k++) acc[k] += acc[k + 16];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] += acc[k + 4];
+    acc[0] += acc[2];
+    acc[1] += acc[3];
+    return acc[0] + acc[1];
+}
+
+// 16 bytes global → shared without passing through registers (cp.async), prefetching the 256-byte L2 line.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Shared memory of one warp: two pieces (double buffering) of 32 rows × eight 16-byte chunks, each row padded to
+// nine chunks (conflict-free both for the copies and for a thread reading its own row).
+#define PIECE 8
+#define PITCH 9
+#define WARP_TILE (2 * 32 * PITCH)
+
+// Lane `lane` returns row (lane) · x for rows w + r·row_bytes, r < 32 (rows >= nrows repeat the last one).
+// MX: MXFP4 (chunk = one 32-element block, scales[r·cols/32 + block]) else BF16 (chunk = a quarter block).
+// cols % 32 == 0; rows 16-byte aligned. tile: WARP_TILE chunks of this warp's shared memory; x in shared
+// memory. A piece's scales are loaded one piece ahead (the arithmetic of a block needs its scale first).
+template <bool MX>
+__device__ float rows32(const u8* w, const u8* scales, int cols, int nrows, const float* x, uint4* tile) {
+    int lane = threadIdx.x & 31;
+    int chunks = MX ? cols / 32 : cols / 8;
+    size_t row_bytes = (size_t)chunks * 16;
+    float acc[32];
+#pragma unroll
+    for (int j = 0; j < 32; j++) acc[j] = 0.0f;
+    // Copies: lane takes chunk (lane % 8) of rows lane / 8 + 4i, i < 8 (four full rows' pieces per instruction).
+    int sub = lane & 7, rb = lane >> 3;
+    const u8* src[PIECE];
+#pragma unroll
+    for (int i = 0; i < PIECE; i++) src[i] = w + (size_t)min(rb + 4 * i, nrows - 1) * row_bytes + 16 * sub;
+    const u8* my_scales = scales + (size_t)min(lane, nrows - 1) * (cols / 32);
+    u32 sc[PIECE], sc_next[PIECE];
+#pragma unroll
+    for (int j = 0; j < PIECE; j++) sc[j] = MX && j < chunks ? __ldg(my_scales + j) : 0u;
+#pragma unroll
+    for (int i = 0; i < PIECE; i++)
+        if (sub < chunks) cp_async16(&tile[(rb + 4 * i) * PITCH + sub], src[i]);
+    cp_async_commit();
+    for (int c0 = 0, k = 0; c0 < chunks; c0 += PIECE, k ^= 1) {
+        // The next piece goes to the other buffer (read in the previous round, which every lane has left).
+        int c1 = c0 + PIECE;
+        uint4* nb = tile + (k ^ 1) * 32 * PITCH;
+#pragma unroll
+        for (int i = 0; i < PIECE; i++)
+            if (c1 + sub < chunks) cp_async16(&nb[(rb + 4 * i) * PITCH + sub], src[i] + 16 * c1);
+        cp_async_commit();
+#pragma unroll
+        for (int j = 0; j < PIECE; j++) sc_next[j] = MX && c1 + j < chunks ? __ldg(my_scales + c1 + j) : 0u;
+        cp_async_wait_prev();
+        __syncwarp();
+        const uint4* cur = tile + k * 32 * PITCH + lane * PITCH;
+#pragma unroll
+        for (int j = 0; j < PIECE; j++) {
+            if (c0 + j < chunks) {
+                uint4 v = cur[j];
+                if (MX)
+                    mx_block(acc, v, sc[j], x + 32 * (c0 + j));
+                else
+                    bf16_chunk(acc + 8 * (j % 4), v, x + 8 * (c0 + j));
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < PIECE; j++) sc[j] = sc_next[j];
+    }
+    return fold32(acc);
 }
 
 // Routed experts of one layer, a group of union entries at a time. For group entry u (blockIdx.y):
@@ -393,45 +583,58 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
 // enc 0: MXFP4 (w1p w1s w2p w2s w3p w3s); enc 1: BF16 (w1 w2 w3). part[] = byte offsets of those tensors.
 struct Parts { u64 off[6]; };
 
+// 128 threads: 64 intermediate rows; even warps take the gate rows (w1), odd warps the up rows (w3) of the
+// same 32 rows, handed over through shared memory. Dynamic shared memory: 4 warp tiles, then x (width floats).
 extern "C" __global__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z,
                                      float* a, int width, int inter, int enc, int act, Parts parts) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    extern __shared__ uint4 dyn[];
+    float* xs = (float*)(dyn + 4 * WARP_TILE);
+    __shared__ float ups[2][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1;
+    int r0 = blockIdx.x * 64 + (warp >> 1) * 32;
     int u = blockIdx.y;
-    if (r >= inter) return;
+    int nrows = max(min(32, inter - r0), 1);
     const u8* rec = (const u8*)slots[u];
+    u64 w_off = parts.off[0], s_off = parts.off[1];
+    if (up) {
+        w_off = enc == 0 ? parts.off[4] : parts.off[2];
+        s_off = parts.off[5];
+    }
+    size_t row_bytes = enc == 0 ? (size_t)width / 2 : (size_t)width * 2;
+    const u8* w = rec + w_off + (size_t)min(r0, inter - 1) * row_bytes;
+    const u8* sc = rec + s_off + (size_t)min(r0, inter - 1) * (width / 32);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        const float* x = z + (size_t)rows[e] * width;
-        float g[1], up[1];
-        if (enc == 0) {
-            dot_mxfp4_rows<1>(rec + parts.off[0] + (size_t)r * width / 2, rec + parts.off[1] + (size_t)r * width / 32,
-                              x, width, width, 1, lane, g);
-            dot_mxfp4_rows<1>(rec + parts.off[4] + (size_t)r * width / 2, rec + parts.off[5] + (size_t)r * width / 32,
-                              x, width, width, 1, lane, up);
-        } else {
-            dot_bf16_rows<1>((const u16*)(rec + parts.off[0]) + (size_t)r * width, x, width, width, 1, lane, g);
-            dot_bf16_rows<1>((const u16*)(rec + parts.off[2]) + (size_t)r * width, x, width, width, 1, lane, up);
-        }
-        if (lane == 0) a[(size_t)e * inter + r] = actf(act, g[0], up[0]);
+        stage_x(xs, z + (size_t)rows[e] * width, width);
+        uint4* tile = dyn + warp * WARP_TILE;
+        float v = 0.0f;
+        if (r0 < inter)
+            v = enc == 0 ? rows32<true>(w, sc, width, nrows, xs, tile) : rows32<false>(w, sc, width, nrows, xs, tile);
+        if (up) ups[warp >> 1][lane] = v;
+        __syncthreads();
+        if (!up && lane < nrows && r0 < inter) a[(size_t)e * inter + r0 + lane] = actf(act, v, ups[warp >> 1][lane]);
     }
 }
 
+// 128 threads: 128 output rows. Dynamic shared memory: 4 warp tiles, then x (inter floats).
 extern "C" __global__ void expert_down(const u64* slots, const int* row_off, const float* a, float* y, int width,
                                        int inter, int enc, Parts parts) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    extern __shared__ uint4 dyn[];
+    float* xs = (float*)(dyn + 4 * WARP_TILE);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = blockIdx.x * 128 + warp * 32;
     int u = blockIdx.y;
-    if (r >= width) return;
+    bool live = r0 < width;
+    int nrows = max(min(32, width - r0), 1);
+    r0 = min(r0, width - 1);
     const u8* rec = (const u8*)slots[u];
+    size_t row_bytes = enc == 0 ? (size_t)inter / 2 : (size_t)inter * 2;
+    const u8* w = rec + (enc == 0 ? parts.off[2] : parts.off[1]) + (size_t)r0 * row_bytes;
+    const u8* sc = rec + parts.off[3] + (size_t)r0 * (inter / 32);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        float acc[1];
-        if (enc == 0)
-            dot_mxfp4_rows<1>(rec + parts.off[2] + (size_t)r * inter / 2, rec + parts.off[3] + (size_t)r * inter / 32,
-                              a + (size_t)e * inter, inter, inter, 1, lane, acc);
-        else
-            dot_bf16_rows<1>((const u16*)(rec + parts.off[1]) + (size_t)r * inter, a + (size_t)e * inter, inter,
-                             inter, 1, lane, acc);
-        if (lane == 0) y[(size_t)e * width + r] = acc[0];
+        stage_x(xs, a + (size_t)e * inter, inter);
+        uint4* tile = dyn + warp * WARP_TILE;
+        float v = enc == 0 ? rows32<true>(w, sc, inter, nrows, xs, tile) : rows32<false>(w, sc, inter, nrows, xs, tile);
+        if (live && lane < nrows) y[(size_t)e * width + r0 + lane] = v;
     }
 }
 
@@ -439,7 +642,8 @@ extern "C" __global__ void expert_down(const u64* slots, const int* row_off, con
 extern "C" __global__ void moe_combine(const float* y, const int* entry, const float* wts, float* acc, int n, int topk,
                                        int width) {
     int t = blockIdx.x;
-    for (int d = threadIdx.x; d < width; d += blockDim.x) {
+    int d = blockIdx.y * blockDim.x + threadIdx.x;
+    if (d < width) {
         float s = 0.0f;
         for (int k = 0; k < topk; k++) s += wts[t * topk + k] * y[(size_t)entry[t * topk + k] * width + d];
         acc[(size_t)t * width + d] = s;

@@ -3,10 +3,12 @@
 //! - The CUDA driver and NVRTC are loaded at run time (cudarc, dynamic loading): the same binary runs on
 //!   machines without CUDA, and [`availability`] says why the GPU cannot be used there.
 //! - Kernels are CUDA C (`kernels.cu`) compiled by NVRTC for the GPU in hand. Every dot product follows the
-//!   CPU kernels' 32-lane order with a warp per output value, so a row's result never depends on its batch.
-//! - Memory is one hierarchy: the spine resident in VRAM; routed experts in a VRAM slot cache with a budget,
-//!   filled from the CPU-side [`deltafin_store::ExpertStore`] (RAM cache ← disk) through pinned staging
-//!   buffers, copied on their own stream while resident experts compute.
+//!   CPU kernels' 32-lane order (32 accumulators per output, held by one thread, four or a warp), so a row's
+//!   result never depends on its batch.
+//! - Memory is one hierarchy: the spine resident in VRAM; routed experts in a VRAM slot cache with a budget
+//!   (filled at load when it holds them all), else filled from the CPU-side [`deltafin_store::ExpertStore`]
+//!   (RAM cache ← disk), copied straight from its page-locked slab on their own stream while resident experts
+//!   compute.
 
 pub mod gpu;
 mod model;

@@ -1,24 +1,22 @@
 //! Both families on the GPU, in the order of the CPU code (crates/models): the spine resident in VRAM, routed
-//! experts in a VRAM slot cache fed from the CPU-side expert store through pinned staging buffers.
+//! experts in a VRAM slot cache fed from the CPU-side expert store (by DMA from its page-locked slab).
 
 use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
 use crate::plan::{plan_waves, Ring, SlotCache};
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{result as cu, CudaEvent};
+use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::moe::Route;
 use deltafin_models::ops::sigmoid;
 use deltafin_models::weights::Loader;
 use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
-use deltafin_store::{ExpertStore, StoreOptions};
+use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-const WARPS: u32 = 8;
 
 /// Options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -34,7 +32,8 @@ pub struct CudaCounters {
     pub vram_hits: u64,
     pub vram_misses: u64,
     pub h2d_bytes: u64,
-    /// Host time spent staging records into pinned memory and issuing their copies.
+    /// Host time spent getting records from the store and issuing their copies (including the staging memcpy
+    /// where the store's slab is not page-locked).
     pub stage_secs: f64,
 }
 
@@ -163,7 +162,8 @@ impl RecordLayout {
     }
 }
 
-/// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring.
+/// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring (used only when the store's
+/// slab could not be page-locked; otherwise records are copied from the slab directly).
 struct ExpertCache {
     slots: DevBuf,
     slot_len: usize,
@@ -186,6 +186,10 @@ pub struct CudaModel {
     cache: Mutex<ExpertCache>,
     arena: Mutex<Arena>,
     spine_bytes: u64,
+    /// The store's slab is page-locked (registered with the driver): the DMA engine reads records in place.
+    slab_registered: bool,
+    /// At most this many records stay pinned in the store while their copies run (half its slots).
+    held_cap: usize,
 }
 
 /// One sequence's device state.
@@ -203,8 +207,11 @@ enum State {
 struct Arena {
     buf: Option<DevBuf>,
     off: Cell<usize>,
-    /// Host data whose asynchronous copies may still be in flight: kept until the pass ends.
-    keep: Vec<Vec<u8>>,
+    /// Page-locked host memory for the pass's small uploads (token ids, expert tables), also bumped: a copy from
+    /// pageable memory may synchronise the stream, and each of those costs a round trip. Not reused before the
+    /// pass's final synchronisation.
+    host: Option<Pinned>,
+    host_off: Cell<usize>,
 }
 
 impl Arena {
@@ -226,24 +233,38 @@ impl Arena {
     }
 }
 
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        if self.slab_registered {
+            let _ = self.gpu.ctx.bind_to_thread();
+            // SAFETY: registered in `load`; no copy is in flight (every pass synchronises both streams).
+            unsafe { sys::cuMemHostUnregister(self.store.slab_range().0.cast()) };
+        }
+    }
+}
+
 impl CudaModel {
     pub fn load(dir: &Path, load: &LoadOptions, opts: &CudaOptions) -> Result<CudaModel> {
         let gpu = Gpu::open(opts.ordinal)?;
         let cfg = ModelConfig::from_dir(dir)?;
         let ck = Checkpoint::open(dir)?;
         let (store, layout) = open_store(dir, &cfg, load)?;
+        // Whole 32-element blocks per row; every tensor of a record then starts 16-byte aligned.
+        if !layout.width.is_multiple_of(32) || !layout.inter.is_multiple_of(32) {
+            bail!(
+                "expert shapes {}x{}: the CUDA kernels need multiples of 32",
+                layout.inter,
+                layout.width
+            );
+        }
         let prefix = layer_prefix(cfg.family);
         let k3 = cfg.family == Family::KimiK3;
         let root = Loader::new(&ck, prefix);
         let mut spine_bytes = 0u64;
         let mut lin = |ld: &Loader, name: &str, rows: usize, cols: usize| -> Result<Lin> {
-            let l = ld.linear(name, rows, cols)?;
+            let l = ld_lin(&gpu, ld, name, rows, cols)?;
             spine_bytes += 2 * (rows * cols) as u64;
-            Ok(Lin {
-                buf: gpu.upload(&l.data)?,
-                rows,
-                cols,
-            })
+            Ok(l)
         };
         let vecf = |ld: &Loader, name: &str, shape: &[usize]| -> Result<DevBuf> {
             gpu.upload(&ld.vector(name, shape)?)
@@ -442,18 +463,26 @@ impl CudaModel {
         let slots = gpu
             .alloc(n_slots * slot_len)
             .with_context(|| format!("allocating {n_slots} VRAM expert slots"))?;
-        let staging = (0..4)
-            .map(|_| Ok((Pinned::new(&gpu, layout.len)?, gpu.event()?)))
+        // Page-lock the RAM expert cache so that copies read records where they lie: no staging memcpy on the
+        // host, and the copy engine runs at the pinned rate. Where the driver refuses, stage through a ring.
+        let (slab, slab_len) = store.slab_range();
+        // SAFETY: the range is the store's mapping, alive until after `Drop` unregisters it.
+        let slab_registered = unsafe { sys::cuMemHostRegister_v2(slab.cast(), slab_len, 0) }
+            == sys::CUresult::CUDA_SUCCESS;
+        let held_cap = (store.slots() / 2).max(1);
+        let resident = n_slots == records;
+        let staging = (0..if slab_registered { 0 } else { 4 })
+            .map(|_| Ok((Pinned::new(&gpu, layout.len, true)?, gpu.event()?)))
             .collect::<Result<Vec<_>>>()?;
         let cache = ExpertCache {
             slots,
             slot_len,
             plan: SlotCache::new(n_slots),
-            ring: Ring::new(staging.len()),
+            ring: Ring::new(staging.len().max(1)),
             staging,
             counters: CudaCounters::default(),
         };
-        Ok(CudaModel {
+        let model = CudaModel {
             gpu,
             cfg,
             embed,
@@ -467,10 +496,17 @@ impl CudaModel {
             arena: Mutex::new(Arena {
                 buf: None,
                 off: Cell::new(0),
-                keep: Vec::new(),
+                host: None,
+                host_off: Cell::new(0),
             }),
             spine_bytes,
-        })
+            slab_registered,
+            held_cap,
+        };
+        if resident {
+            model.preload().context("loading the experts into VRAM")?;
+        }
+        Ok(model)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -500,6 +536,11 @@ impl CudaModel {
 
     pub fn expert_slots(&self) -> usize {
         self.cache.lock().unwrap().plan.slots()
+    }
+
+    /// Whether expert copies read the page-locked store slab directly (else through staging buffers).
+    pub fn copies_from_slab(&self) -> bool {
+        self.slab_registered
     }
 
     pub fn counters(&self) -> CudaCounters {
@@ -555,10 +596,12 @@ impl CudaModel {
         let n = tokens.len();
         let mut arena = self.arena.lock().unwrap();
         self.size_arena(&mut arena, n, s.pos)?;
-        let result = self.pass(&arena, s, tokens, rows, stats);
+        let mut held = Vec::new();
+        let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         let _ = self.gpu.stream.synchronize();
-        arena.keep.clear();
+        let _ = self.gpu.copy.synchronize();
+        drop(held);
         let out = result?;
         s.pos += n;
         Ok(out)
@@ -593,6 +636,23 @@ impl CudaModel {
             arena.buf = Some(self.gpu.alloc(need.next_power_of_two())?);
         }
         arena.off.set(0);
+        // Uploads: the tokens, then per MoE layer up to one wave per expert (slots, row offsets, rows: three
+        // 16-byte-rounded tables) and the combine's entries and weights.
+        let e = c.moe.num_experts;
+        let host_need = 16
+            + 4 * n
+            + c.num_layers
+                * (e * (3 * 16 + 16) + 2 * 16 + n * c.moe.top_k * 12 + 8 * n * c.moe.top_k);
+        if arena.host.as_ref().is_none_or(|h| h.bytes < host_need) {
+            arena.host = None;
+            // Cacheable (not write-combined): small tables, written just before their copies.
+            arena.host = Some(Pinned::new(
+                &self.gpu,
+                host_need.next_power_of_two(),
+                false,
+            )?);
+        }
+        arena.host_off.set(0);
         Ok(())
     }
 
@@ -603,12 +663,13 @@ impl CudaModel {
     }
 
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
+        // A warp per row; shared memory: eight 4 KB pieces, then the x rows of a tile of four.
         Launch::new(
             &self.gpu,
             "matmul_bf16",
-            (w.rows.div_ceil(WARPS as usize) as u32, 1),
-            32 * WARPS,
-            0,
+            (w.rows.div_ceil(8) as u32, 1),
+            256,
+            (8 * 4096 + 4 * n.min(4) * w.cols) as u32,
         )
         .p(w.buf.ptr)
         .p(x)
@@ -659,11 +720,12 @@ impl CudaModel {
         } else {
             1
         };
+        // Eight threads per row (gate and up).
         Launch::new(
             &self.gpu,
             "mlp_up_act",
-            (m.gate.rows.div_ceil(WARPS as usize) as u32, 1),
-            32 * WARPS,
+            (m.gate.rows.div_ceil(32) as u32, 1),
+            256,
             0,
         )
         .p(m.gate.buf.ptr)
@@ -678,17 +740,18 @@ impl CudaModel {
         self.mm(a, &m.down, act, n)
     }
 
-    fn pass(
-        &self,
+    /// `held`: store records whose copies to the device may still be in flight (see `moe`).
+    fn pass<'s>(
+        &'s self,
         a: &Arena,
         s: &mut CudaSession,
         tokens: &[u32],
         rows: LogitRows,
         stats: &Stats,
+        held: &mut Vec<RecordRef<'s>>,
     ) -> Result<Vec<f32>> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
-        let tok = a.take(4 * n)?;
-        self.gpu.htod_async(tok, tokens)?;
+        let tok = self.stage(a, tokens)?;
         let h = a.f32s(n * hd)?;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
             .p(self.embed.buf.ptr)
@@ -734,7 +797,7 @@ impl CudaModel {
                     let m = a.f32s(n * hd)?;
                     self.mix(anchors, na, h, layer.mlp_res.as_ref().expect("K3"), m, n)?;
                     self.rms(m, layer.post_norm.ptr, m, n, hd, eps)?;
-                    let y = self.ffn(a, l, &layer.ffn, m, n, stats)?;
+                    let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
                     self.add(h, y, n * hd)?;
                 }
                 None => {
@@ -744,7 +807,7 @@ impl CudaModel {
                     self.add(h, o, n * hd)?;
                     let m = a.f32s(n * hd)?;
                     self.rms(h, layer.post_norm.ptr, m, n, hd, eps)?;
-                    let y = self.ffn(a, l, &layer.ffn, m, n, stats)?;
+                    let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
                     self.add(h, y, n * hd)?;
                 }
             }
@@ -935,29 +998,44 @@ impl CudaModel {
         self.mm(a, &m.o, attn, n)
     }
 
-    fn ffn(&self, a: &Arena, l: usize, ffn: &Ffn, x: u64, n: usize, stats: &Stats) -> Result<u64> {
+    #[allow(clippy::too_many_arguments)]
+    fn ffn<'s>(
+        &'s self,
+        a: &Arena,
+        l: usize,
+        ffn: &Ffn,
+        x: u64,
+        n: usize,
+        stats: &Stats,
+        held: &mut Vec<RecordRef<'s>>,
+    ) -> Result<u64> {
         match ffn {
             Ffn::Dense(m) => self.mlp(a, m, x, n),
             Ffn::Moe(m) => self
-                .moe(a, l, m, x, n, stats)
+                .moe(a, l, m, x, n, stats, held)
                 .with_context(|| format!("layer {l}")),
         }
     }
 
-    fn moe(
-        &self,
+    #[allow(clippy::too_many_arguments)]
+    fn moe<'s>(
+        &'s self,
         a: &Arena,
         layer: usize,
         m: &Moe,
         x: u64,
         n: usize,
         stats: &Stats,
+        held: &mut Vec<RecordRef<'s>>,
     ) -> Result<u64> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
         // Router logits on the device; the selection on the host, which needs the ids to schedule copies.
         let logits_dev = self.mm(a, &m.router, x, n)?;
         let logits: Vec<f32> = self.gpu.dtoh(logits_dev, n * e_count)?;
+        // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
+        // move again.
+        held.clear();
         let routes: Vec<Route> = logits
             .chunks(e_count)
             .map(|row| {
@@ -1018,35 +1096,12 @@ impl CudaModel {
                     .map_err(|e| anyhow!("{e:?}"))?;
                 self.gpu.copy.wait(&done).map_err(|e| anyhow!("{e:?}"))?;
             }
-            let ids: Vec<usize> = w.misses.iter().map(|&(u, _)| union[u]).collect();
-            let mut fetch = self.store.fetch(layer, &ids);
-            while let Some(rec) = fetch.next() {
-                let rec = rec?;
-                let i = w
-                    .misses
-                    .iter()
-                    .position(|&(u, _)| union[u] == rec.expert)
-                    .expect("asked for");
-                let dst = slot_ptr(&cache, w.misses[i].1);
-                let k = cache.ring.take();
-                let (pinned, ev) = &mut cache.staging[k];
-                ev.synchronize()
-                    .map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
-                par_copy(pinned.as_mut_slice(), rec.bytes());
-                drop(rec);
-                // SAFETY: the slot holds slot_len >= len bytes; the pinned buffer is not rewritten before `ev`.
-                unsafe {
-                    cu::memcpy_htod_async(
-                        dst,
-                        &pinned.as_slice()[..lay.len],
-                        self.gpu.copy.cu_stream(),
-                    )
-                }
-                .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
-                ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
-                cache.counters.h2d_bytes += lay.len as u64;
-            }
-            drop(fetch);
+            let todo: Vec<(usize, u64)> = w
+                .misses
+                .iter()
+                .map(|&(u, s)| (union[u], slot_ptr(&cache, s)))
+                .collect();
+            self.copy_in(&mut cache, layer, &todo, held)?;
             cache.counters.stage_secs += t0.elapsed().as_secs_f64();
             let copied = self
                 .gpu
@@ -1091,15 +1146,21 @@ impl CudaModel {
         let entry_dev = self.stage(a, &entry)?;
         let wts_dev = self.stage(a, &wts)?;
         let acc = a.f32s(n * lay.width)?;
-        Launch::new(&self.gpu, "moe_combine", (n as u32, 1), 256, 0)
-            .p(y)
-            .p(entry_dev)
-            .p(wts_dev)
-            .p(acc)
-            .i(n)
-            .i(top_k)
-            .i(lay.width)
-            .go()?;
+        Launch::new(
+            &self.gpu,
+            "moe_combine",
+            (n as u32, lay.width.div_ceil(256) as u32),
+            256,
+            0,
+        )
+        .p(y)
+        .p(entry_dev)
+        .p(wts_dev)
+        .p(acc)
+        .i(n)
+        .i(top_k)
+        .i(lay.width)
+        .go()?;
         let routed = match &m.latent {
             Some((_, norm, up)) => {
                 self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
@@ -1112,18 +1173,103 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// Copies host values into the pass's scratch (asynchronously; the host copy lives until the pass ends).
+    /// Copies records `(expert, VRAM destination)` of `layer` from the store on the copy stream, in the order
+    /// they arrive. `held`: the store records whose copies may still be running.
+    fn copy_in<'s>(
+        &'s self,
+        cache: &mut ExpertCache,
+        layer: usize,
+        todo: &[(usize, u64)],
+        held: &mut Vec<RecordRef<'s>>,
+    ) -> Result<()> {
+        let len = self.layout.len;
+        let ids: Vec<usize> = todo.iter().map(|t| t.0).collect();
+        let mut fetch = self.store.fetch(layer, &ids);
+        while let Some(rec) = fetch.next() {
+            let rec = rec?;
+            let dst = todo
+                .iter()
+                .find(|t| t.0 == rec.expert)
+                .expect("asked for")
+                .1;
+            if self.slab_registered {
+                // SAFETY: the slot holds slot_len >= len bytes; the record stays pinned in the store (held)
+                // until the copy has completed.
+                unsafe { cu::memcpy_htod_async(dst, rec.bytes(), self.gpu.copy.cu_stream()) }
+                    .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                held.push(rec);
+                // Held records pin store slots that this fetch may need for records still to load.
+                if held.len() >= self.held_cap {
+                    self.gpu
+                        .copy
+                        .synchronize()
+                        .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                    held.clear();
+                }
+            } else {
+                let k = cache.ring.take();
+                let (pinned, ev) = &mut cache.staging[k];
+                ev.synchronize()
+                    .map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
+                par_copy(pinned.as_mut_slice(), rec.bytes());
+                drop(rec);
+                // SAFETY: the slot holds slot_len >= len bytes; the pinned buffer is not rewritten before `ev`.
+                unsafe {
+                    cu::memcpy_htod_async(dst, &pinned.as_slice()[..len], self.gpu.copy.cu_stream())
+                }
+                .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
+            }
+            cache.counters.h2d_bytes += len as u64;
+        }
+        Ok(())
+    }
+
+    /// Fills the VRAM cache with every routed expert (when it holds them all): "resident" then means resident
+    /// from the first token, with no first-touch copies in the passes.
+    fn preload(&self) -> Result<()> {
+        let mut cache = self.cache.lock().unwrap();
+        let ids: Vec<usize> = (0..self.cfg.moe.num_experts).collect();
+        for layer in (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l)) {
+            let mut held = Vec::new();
+            for w in plan_waves(&mut cache.plan, layer, &ids) {
+                let todo: Vec<(usize, u64)> = w
+                    .misses
+                    .iter()
+                    .map(|&(u, s)| (ids[u], cache.slots.ptr + (s * cache.slot_len) as u64))
+                    .collect();
+                self.copy_in(&mut cache, layer, &todo, &mut held)?;
+            }
+            self.gpu
+                .copy
+                .synchronize()
+                .map_err(|e| anyhow!("copying experts to the GPU: {e:?}"))?;
+        }
+        cache.counters = CudaCounters::default();
+        Ok(())
+    }
+
+    /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
     fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
         let bytes = std::mem::size_of_val(v);
-        let mut raw = vec![0u8; bytes];
-        // SAFETY: plain values copied byte for byte.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, raw.as_mut_ptr(), bytes) };
+        let host = a.host.as_ref().expect("sized at pass start");
+        let at = a.host_off.get();
+        if at + bytes > host.bytes {
+            bail!(
+                "internal: the pass's upload area ({} bytes) is too small",
+                host.bytes
+            );
+        }
+        a.host_off.set(at + bytes.div_ceil(16) * 16);
+        // SAFETY: `at + bytes` is inside the allocation; no copy reads this range before the one issued below
+        // (the area is bumped, and reset only after the pass has synchronised).
+        let src = unsafe {
+            let p = host.ptr.add(at);
+            std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, p, bytes);
+            std::slice::from_raw_parts(p, bytes)
+        };
         let dst = a.take(bytes.max(4))?;
-        self.gpu.htod_async(dst, &raw)?;
-        // SAFETY of the async copy: `keep` holds the bytes until the pass synchronises.
-        let keep = &a.keep as *const Vec<Vec<u8>> as *mut Vec<Vec<u8>>;
-        // SAFETY: the arena is locked by this pass; nothing else reads `keep` meanwhile.
-        unsafe { (*keep).push(raw) };
+        self.gpu.htod_async(dst, src)?;
         Ok(dst)
     }
 
@@ -1157,12 +1303,15 @@ impl CudaModel {
         let rows_dev = self.stage(a, &rows)?;
         let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
         let g = group.len() as u32;
+        // A thread per row: two per intermediate row (gate, up) in expert_up, one per output row in expert_down.
+        // Shared memory: four warps' double-buffered tiles, then the x row.
+        const TILES: usize = 4 * 2 * 32 * 9 * 16;
         Launch::new(
             &self.gpu,
             "expert_up",
-            (lay.inter.div_ceil(WARPS as usize) as u32, g),
-            32 * WARPS,
-            0,
+            (lay.inter.div_ceil(64) as u32, g),
+            128,
+            (TILES + 4 * lay.width) as u32,
         )
         .p(slots_dev)
         .p(off_dev)
@@ -1178,9 +1327,9 @@ impl CudaModel {
         Launch::new(
             &self.gpu,
             "expert_down",
-            (lay.width.div_ceil(WARPS as usize) as u32, g),
-            32 * WARPS,
-            0,
+            (lay.width.div_ceil(128) as u32, g),
+            128,
+            (TILES + 4 * lay.inter) as u32,
         )
         .p(slots_dev)
         .p(off_dev)
@@ -1195,6 +1344,10 @@ impl CudaModel {
 }
 
 fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Lin> {
+    // The kernels read rows in whole 32-element blocks with 16-byte loads.
+    if !cols.is_multiple_of(32) {
+        bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
+    }
     let l = ld.linear(name, rows, cols)?;
     Ok(Lin {
         buf: gpu.upload(&l.data)?,

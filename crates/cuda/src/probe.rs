@@ -7,7 +7,7 @@ use cudarc::driver::result as cu;
 
 /// Median GB/s of `reps` copies of `bytes` from pinned host memory to the device, timed with events.
 pub fn h2d_pinned(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64> {
-    let mut host = Pinned::new(gpu, bytes)?;
+    let mut host = Pinned::new(gpu, bytes, true)?;
     host.as_mut_slice().fill(1);
     let dev = gpu.alloc(bytes)?;
     let s = &gpu.copy;

@@ -361,6 +361,12 @@ impl ExpertStore {
         self.slab.len() as u64
     }
 
+    /// The slab's address range, for page-locking it with a device driver so that copies to the device read
+    /// records where they lie. It stays mapped, at this address, for the store's lifetime.
+    pub fn slab_range(&self) -> (*mut u8, usize) {
+        (self.slab.as_ptr(), self.slab.len())
+    }
+
     pub fn slots(&self) -> usize {
         self.state.lock().unwrap().slots.len()
     }
