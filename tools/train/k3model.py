@@ -315,15 +315,19 @@ class Gate(nn.Module):
         self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_experts))
 
 
-def route(cfg, gate_weight, bias, x):
+def route(cfg, gate_weight, bias, x, select=None):
     """noaux_tc: s = sigmoid(W x); ids = top-k of s + bias; weights s[ids] / (sum + 1e-20).
 
     Returns (dense weights [.., E] with zeros off the chosen ids, the 0/1 mask, ids [.., k]).
-    Computed in fp32 or wider; ties (never seen) go to the lower id as torch.topk's sorted output."""
+    Computed in fp32 or wider; ties (never seen) go to the lower id as torch.topk's sorted output.
+    `select(choice, ids) -> ids`, if given, may replace the chosen ids (analysis only: tie_agreement.py
+    uses it to break near-ties the way another implementation did); training never sets it."""
     dt = torch.promote_types(x.dtype, torch.float32)
     s = torch.sigmoid(x.to(dt) @ gate_weight.to(dt).t())
     choice = s + bias.to(dt)
     ids = torch.topk(choice, cfg.top_k, dim=-1, sorted=True).indices
+    if select is not None:
+        ids = select(choice, ids)
     mask = torch.zeros_like(s).scatter(-1, ids, 1.0)
     w = s * mask
     w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -340,6 +344,7 @@ class MoE(nn.Module):
         self.routed_expert_up_proj = nn.Linear(cfg.latent, cfg.hidden, bias=False)
         self.experts = Experts(cfg)
         self.shared_experts = DenseMLP(cfg, cfg.n_shared * cfg.moe_inter)
+        self.select = None  # optional routing override for analysis, see route(); not a parameter
 
     def expert_weights(self, quant):
         e = self.experts
@@ -349,7 +354,7 @@ class MoE(nn.Module):
 
     def forward(self, x, quant=True, stats=None):
         cfg = self.cfg
-        w, mask, ids = route(cfg, self.gate.weight, self.gate.e_score_correction_bias, x)
+        w, mask, ids = route(cfg, self.gate.weight, self.gate.e_score_correction_bias, x, self.select)
         if stats is not None:
             stats["ids"] = ids
             stats["load"] = mask.reshape(-1, cfg.n_experts).sum(0)
