@@ -83,6 +83,31 @@ fn range_requests(seen: &[Seen]) -> Vec<&Seen> {
     seen.iter().filter(|s| s.range.is_some()).collect()
 }
 
+/// A published checkpoint served on loopback, and where its mirror goes: (source, server, temp dir, mirror).
+fn setup(seed: u64) -> (tempfile::TempDir, Server, tempfile::TempDir, PathBuf) {
+    let src = published(seed);
+    let server = Server::start(&model_dir(&src));
+    let t = tempfile::tempdir().unwrap();
+    let m = fresh(&t, "mirror");
+    (src, server, t, m)
+}
+
+/// `fetch` from `server` into `m` with `extra` flags.
+fn fetch(server: &Server, m: &Path, extra: &[&str]) -> Output {
+    bin()
+        .args(["fetch", "--from", server.url(), "--out", path(m)])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `fetch --spine-only` into `m`, which must succeed; its output.
+fn fetch_spine(server: &Server, m: &Path) -> Output {
+    let out = fetch(server, m, &["--spine-only"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
 fn fresh(t: &tempfile::TempDir, name: &str) -> PathBuf {
     t.path().join(name)
 }
@@ -129,19 +154,8 @@ fn a_run_from_the_remote_equals_the_local_run_bit_for_bit_then_runs_offline() {
 
 #[test]
 fn spine_only_fetch_then_experts_on_first_use_and_offline_says_what_is_missing() {
-    let src = published(4);
-    let server = Server::start(&model_dir(&src));
-    let t = tempfile::tempdir().unwrap();
-    let m = fresh(&t, "mirror");
-    let out = deltafin(&[
-        "fetch",
-        "--from",
-        server.url(),
-        "--out",
-        path(&m),
-        "--spine-only",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (src, server, _t, m) = setup(4);
+    let out = fetch_spine(&server, &m);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("0 experts local") && text.contains("partial"),
@@ -171,29 +185,13 @@ fn spine_only_fetch_then_experts_on_first_use_and_offline_says_what_is_missing()
     }
 
     // Whole layers on request: layer 2's experts all local afterwards.
-    let out = deltafin(&[
-        "fetch",
-        "--from",
-        server.url(),
-        "--out",
-        path(&m),
-        "--layers",
-        "2",
-    ]);
+    let out = fetch(&server, &m, &["--layers", "2"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let journal = std::fs::read_to_string(m.join(".deltafin-mirror/journal")).unwrap();
     for e in 0..16 {
         assert!(journal.contains(&format!("expert 2 {e} ")), "{journal}");
     }
-    let out = deltafin(&[
-        "fetch",
-        "--from",
-        server.url(),
-        "--out",
-        path(&m),
-        "--layers",
-        "0",
-    ]);
+    let out = fetch(&server, &m, &["--layers", "0"]);
     assert!(
         stderr(&out).contains("no routed experts"),
         "{}",
@@ -203,11 +201,8 @@ fn spine_only_fetch_then_experts_on_first_use_and_offline_says_what_is_missing()
 
 #[test]
 fn a_full_fetch_coalesces_each_layer_into_one_range_and_completes_verified() {
-    let src = published(5);
-    let server = Server::start(&model_dir(&src));
-    let t = tempfile::tempdir().unwrap();
-    let m = fresh(&t, "mirror");
-    let out = deltafin(&["fetch", "--from", server.url(), "--out", path(&m)]);
+    let (src, server, t, m) = setup(5);
+    let out = fetch(&server, &m, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     let shards = shards(&m);
@@ -298,15 +293,7 @@ fn transient_faults_and_lies_are_retried_and_the_output_is_unchanged() {
     for (i, (fault, says)) in cases.into_iter().enumerate() {
         let m = fresh(&t, &format!("m{i}"));
         // Set up the spine cleanly, then hit the first expert range with the fault.
-        let out = deltafin(&[
-            "fetch",
-            "--from",
-            server.url(),
-            "--out",
-            path(&m),
-            "--spine-only",
-        ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        fetch_spine(&server, &m);
         server.inject(".safetensors", fault.clone(), 1);
         let (remote, err) = logits(&m, &["--http-timeout", "1", "--stats"]);
         assert_eq!(local, remote, "{fault:?} changed the output");
@@ -326,19 +313,8 @@ fn transient_faults_and_lies_are_retried_and_the_output_is_unchanged() {
 
 #[test]
 fn a_server_that_keeps_lying_fails_cleanly_and_nothing_reaches_the_mirror() {
-    let src = published(7);
-    let server = Server::start(&model_dir(&src));
-    let t = tempfile::tempdir().unwrap();
-    let m = fresh(&t, "mirror");
-    let out = deltafin(&[
-        "fetch",
-        "--from",
-        server.url(),
-        "--out",
-        path(&m),
-        "--spine-only",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let (src, server, t, m) = setup(7);
+    fetch_spine(&server, &m);
 
     server.inject(".safetensors", Fault::Corrupt, usize::MAX);
     let err = run_fails(&m, &["--retries", "2"]);
@@ -378,16 +354,7 @@ fn an_interrupted_fetch_resumes_where_it_stopped() {
     let t = tempfile::tempdir().unwrap();
     let (headers, spine) = {
         let probe = fresh(&t, "probe");
-        assert!(deltafin(&[
-            "fetch",
-            "--from",
-            server.url(),
-            "--out",
-            path(&probe),
-            "--spine-only"
-        ])
-        .status
-        .success());
+        fetch_spine(&server, &probe);
         server.take_seen();
         (shards(&probe), spine_chunks(&probe))
     };
@@ -397,15 +364,7 @@ fn an_interrupted_fetch_resumes_where_it_stopped() {
     // The server fails (500 from then on) in the middle of the spine, then after two layers of experts.
     for good in [headers + 2, spine - 2 + 2] {
         server.inject_after(".safetensors", Fault::Status(500), good, usize::MAX);
-        let out = deltafin(&[
-            "fetch",
-            "--from",
-            server.url(),
-            "--out",
-            path(&m),
-            "--retries",
-            "0",
-        ]);
+        let out = fetch(&server, &m, &["--retries", "0"]);
         assert!(!out.status.success());
         assert!(
             stderr(&out).contains("server error 500"),
@@ -415,7 +374,7 @@ fn an_interrupted_fetch_resumes_where_it_stopped() {
         served.extend(server.take_seen().into_iter().filter(|s| !s.faulted));
         server.clear_faults();
     }
-    let out = deltafin(&["fetch", "--from", server.url(), "--out", path(&m)]);
+    let out = fetch(&server, &m, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     served.extend(server.take_seen());
     // Every range was served exactly once over the three runs.
@@ -436,10 +395,7 @@ fn an_interrupted_fetch_resumes_where_it_stopped() {
 
 #[test]
 fn a_disk_budget_evicts_experts_and_the_output_is_unchanged() {
-    let src = published(9);
-    let server = Server::start(&model_dir(&src));
-    let t = tempfile::tempdir().unwrap();
-    let m = fresh(&t, "mirror");
+    let (src, server, _t, m) = setup(9);
     let (local, _) = logits(&model_dir(&src), &[]);
     // A prompt's prefill can route to all 16 experts of a layer; room for 20 of the 96 makes it evict.
     let record = expert_record_bytes(&model_dir(&src));
