@@ -14,7 +14,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Small files fetched whole when the server has them (config.json and the index are required).
 const SMALL_FILES: &[&str] = &[
@@ -43,6 +43,8 @@ pub struct MirrorOptions {
 struct Present {
     checksum: u64,
     last_use: u64,
+    /// Brought by a lookahead download and not yet asked for.
+    ahead: bool,
 }
 
 struct Inner {
@@ -54,6 +56,13 @@ struct Inner {
     journal: Journal,
     chunks: std::collections::HashSet<(usize, u64, u64)>,
     spine: Option<bool>,
+    /// Experts being downloaded now (by demand or lookahead): nobody starts a second download of them.
+    in_flight: std::collections::HashSet<(usize, usize)>,
+    /// Disk-budget records set aside for the lookahead download in flight.
+    reserved: usize,
+    /// Experts lookahead downloads brought, and how many of them demand then asked for.
+    ahead_brought: u64,
+    ahead_used: u64,
 }
 
 pub struct Mirror {
@@ -70,8 +79,10 @@ pub struct Mirror {
     record_len: usize,
     opts: MirrorOptions,
     inner: Mutex<Inner>,
-    /// One fetch at a time, so two passes never download the same expert twice.
-    fetching: Mutex<()>,
+    /// Signalled whenever experts leave `Inner::in_flight`.
+    arrived: Condvar,
+    /// A lookahead download is running (at most one, so it never crowds out demand).
+    prefetching: AtomicBool,
 }
 
 impl std::fmt::Debug for Mirror {
@@ -289,6 +300,7 @@ impl Mirror {
                     Present {
                         checksum: h,
                         last_use: i as u64,
+                        ahead: false,
                     },
                 )
             })
@@ -311,8 +323,13 @@ impl Mirror {
                 journal,
                 chunks: r.chunks,
                 spine: r.spine,
+                in_flight: Default::default(),
+                reserved: 0,
+                ahead_brought: 0,
+                ahead_used: 0,
             }),
-            fetching: Mutex::new(()),
+            arrived: Condvar::new(),
+            prefetching: AtomicBool::new(false),
         })
     }
 
@@ -502,38 +519,115 @@ impl Mirror {
         self.inner.lock().unwrap().present.len()
     }
 
-    /// Downloads the missing experts of `layer` among `experts`: adjacent ones coalesced into one range,
-    /// several ranges in flight, each expert's tensors checked against the manifest, then written, synced
-    /// and only then entered in the journal.
+    /// Makes `experts` of `layer` local: downloads the missing ones nobody is downloading, waits for the ones
+    /// a lookahead download is already bringing, and takes over any that download failed to bring.
     fn fetch_experts(
         &self,
         layer: usize,
         experts: &[usize],
         busy: &dyn Fn(usize, usize) -> bool,
     ) -> Result<()> {
-        let _one = self.fetching.lock().unwrap();
-        let missing: Vec<usize> = {
-            let mut inner = self.inner.lock().unwrap();
-            inner.clock += 1;
-            let now = inner.clock;
-            let mut missing = Vec::new();
-            for &e in experts {
-                match inner.present.get_mut(&(layer, e)) {
-                    Some(p) => p.last_use = now,
-                    None if !missing.contains(&e) => missing.push(e),
-                    None => {}
-                }
+        loop {
+            let (mine, waiting) = self.claim(layer, experts, true);
+            if !mine.is_empty() {
+                let result = self.online().and_then(|_| {
+                    self.make_room(layer, experts, mine.len(), busy)?;
+                    self.download(layer, &mine, false)
+                });
+                self.unclaim(layer, &mine);
+                result.with_context(|| {
+                    format!("layer {layer} experts {mine:?} are not in the local cache")
+                })?;
             }
-            missing
-        };
-        if missing.is_empty() {
-            return Ok(());
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            let mut inner = self.inner.lock().unwrap();
+            while waiting
+                .iter()
+                .any(|&e| inner.in_flight.contains(&(layer, e)))
+            {
+                inner = self.arrived.wait(inner).unwrap();
+            }
         }
-        let source = self.online().with_context(|| {
-            format!("layer {layer} experts {missing:?} are not in the local cache")
-        })?;
-        self.make_room(layer, experts, missing.len(), busy)?;
-        let spans = self.plan_spans(layer, &missing);
+    }
+
+    /// Splits the experts of `experts` that are not local into (claimed for this caller to download, being
+    /// downloaded by someone else); `demand` marks the local ones as used now.
+    fn claim(&self, layer: usize, experts: &[usize], demand: bool) -> (Vec<usize>, Vec<usize>) {
+        let mut inner = self.inner.lock().unwrap();
+        if demand {
+            inner.clock += 1;
+        }
+        let now = inner.clock;
+        let (mut mine, mut waiting) = (Vec::new(), Vec::new());
+        for &e in experts {
+            if let Some(p) = inner.present.get_mut(&(layer, e)) {
+                if demand {
+                    p.last_use = now;
+                    if std::mem::take(&mut p.ahead) {
+                        inner.ahead_used += 1;
+                    }
+                }
+            } else if inner.in_flight.contains(&(layer, e)) {
+                if !waiting.contains(&e) && !mine.contains(&e) {
+                    waiting.push(e);
+                }
+            } else {
+                inner.in_flight.insert((layer, e));
+                mine.push(e);
+            }
+        }
+        (mine, waiting)
+    }
+
+    fn unclaim(&self, layer: usize, experts: &[usize]) {
+        let mut inner = self.inner.lock().unwrap();
+        for &e in experts {
+            inner.in_flight.remove(&(layer, e));
+        }
+        self.arrived.notify_all();
+    }
+
+    /// Lookahead: starts downloading `experts` of `layer` in the background when no other lookahead download
+    /// runs and they fit the disk budget as it stands (the room is reserved; eviction is demand's call).
+    fn prefetch_remote(self: Arc<Self>, layer: usize, experts: &[usize]) {
+        if self.source.is_none() || self.prefetching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (mine, _) = self.claim(layer, experts, false);
+        let fits = {
+            let mut inner = self.inner.lock().unwrap();
+            let fits = self.opts.disk_budget.is_none_or(|budget| {
+                ((inner.present.len() + inner.reserved + mine.len()) * self.record_len) as u64
+                    <= budget
+            });
+            if fits {
+                inner.reserved += mine.len();
+            }
+            fits
+        };
+        if mine.is_empty() || !fits {
+            self.unclaim(layer, &mine);
+            self.prefetching.store(false, Ordering::Release);
+            return;
+        }
+        std::thread::spawn(move || {
+            // A failure here is not reported: the demand that needs these experts downloads them itself
+            // and reports what goes wrong.
+            let _ = self.download(layer, &mine, true);
+            self.inner.lock().unwrap().reserved -= mine.len();
+            self.unclaim(layer, &mine);
+            self.prefetching.store(false, Ordering::Release);
+        });
+    }
+
+    /// Downloads `missing` experts of `layer` (claimed by the caller): adjacent ones coalesced into one
+    /// range, several ranges in flight, each expert's tensors checked against the manifest, then written,
+    /// synced and only then entered in the journal.
+    fn download(&self, layer: usize, missing: &[usize], ahead: bool) -> Result<()> {
+        let source = self.online()?;
+        let spans = self.plan_spans(layer, missing);
         let bodies: Vec<Mutex<Vec<u8>>> = spans.iter().map(|_| Mutex::new(Vec::new())).collect();
         let idx: Vec<usize> = (0..spans.len()).collect();
         parallel(source.opts.connections, &idx, |&i| {
@@ -582,6 +676,9 @@ impl Mirror {
                 .collect::<Vec<_>>(),
         )?;
         let now = inner.clock;
+        if ahead {
+            inner.ahead_brought += entries.len() as u64;
+        }
         for (e, h) in entries {
             inner.known.insert((layer, e), h);
             inner.present.insert(
@@ -589,6 +686,7 @@ impl Mirror {
                 Present {
                     checksum: h,
                     last_use: now,
+                    ahead,
                 },
             );
         }
@@ -686,16 +784,21 @@ impl Mirror {
             );
         }
         let mut inner = self.inner.lock().unwrap();
-        while (inner.present.len() + incoming) as u64 * rec > budget {
+        while (inner.present.len() + inner.reserved + incoming) as u64 * rec > budget {
             let victim = inner
                 .present
                 .iter()
                 .filter(|(&(l, e), _)| !(busy(l, e) || l == layer && keep.contains(&e)))
                 .min_by_key(|(k, p)| (p.last_use, **k))
-                .map(|(k, _)| *k)
-                .with_context(|| {
-                    format!("the disk budget of {budget} bytes is full of experts in use; raise --disk-cache")
-                })?;
+                .map(|(k, _)| *k);
+            let Some(victim) = victim else {
+                if inner.reserved > 0 {
+                    // The lookahead download holds the room; once it lands its experts can be evicted.
+                    inner = self.arrived.wait(inner).unwrap();
+                    continue;
+                }
+                bail!("the disk budget of {budget} bytes is full of experts in use; raise --disk-cache");
+            };
             // Unpublish first: a crash after this line leaves a hole the journal does not vouch for.
             inner.journal.append(&[Entry::Evict(victim.0, victim.1)])?;
             inner.present.remove(&victim);
@@ -788,18 +891,25 @@ impl Backfill for Mirror {
             .copied()
     }
 
+    fn prefetch(self: Arc<Self>, layer: usize, experts: &[usize]) {
+        self.prefetch_remote(layer, experts);
+    }
+
     fn activity(&self) -> String {
         match &self.source {
             None => format!("mirror {}: offline", self.dir.display()),
             Some(s) => {
                 let c = &s.counters;
+                let inner = self.inner.lock().unwrap();
                 format!(
-                    "remote {}: {} requests, {:.1} MB, {} retries, {} bad responses",
+                    "remote {}: {} requests, {:.1} MB, {} retries, {} bad responses, lookahead brought {} experts ({} used)",
                     self.state.url,
                     c.requests.load(Ordering::Relaxed),
                     c.bytes.load(Ordering::Relaxed) as f64 / 1e6,
                     c.retries.load(Ordering::Relaxed),
-                    c.bad_responses.load(Ordering::Relaxed)
+                    c.bad_responses.load(Ordering::Relaxed),
+                    inner.ahead_brought,
+                    inner.ahead_used
                 )
             }
         }

@@ -46,6 +46,8 @@ pub trait Backfill: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
     /// Whether the record is in the local files now (prefetch reads only those).
     fn present(&self, layer: usize, expert: usize) -> bool;
+    /// Lookahead: starts bringing predicted records that are not local, without waiting.
+    fn prefetch(self: Arc<Self>, layer: usize, experts: &[usize]);
     /// xxh3-64 of the record as it was fetched and verified (known also after it was evicted), checked again
     /// on every read from disk.
     fn checksum(&self, layer: usize, expert: usize) -> Option<u64>;
@@ -426,12 +428,14 @@ impl ExpertStore {
         if !self.opts.prefetch {
             return;
         }
-        // Only what is on local disk; asked before taking the slab lock (the backfill takes its own lock first).
-        let experts: Vec<usize> = experts
+        // Disk reads only for what is on local disk; the backfill starts bringing the rest. Asked before
+        // taking the slab lock (the backfill takes its own lock first).
+        let (experts, remote): (Vec<usize>, Vec<usize>) = experts
             .iter()
-            .copied()
-            .filter(|&e| self.backfill.as_ref().is_none_or(|b| b.present(layer, e)))
-            .collect();
+            .partition(|&&e| self.backfill.as_ref().is_none_or(|b| b.present(layer, e)));
+        if let (Some(b), false) = (&self.backfill, remote.is_empty()) {
+            b.clone().prefetch(layer, &remote);
+        }
         let mut st = self.state.lock().unwrap();
         // Keep at least half the working set free for demand.
         let reserve = self.opts.working_slots.max(2) / 2;
@@ -650,7 +654,7 @@ impl<'a> Fetch<'a> {
             if let Some(b) = &store.backfill {
                 if let Err(e) = b.ensure(self.layer, &self.pending, &|l, e| store.busy((l, e))) {
                     self.pending.clear();
-                    return Some(Err(e.context(format!("layer {}", self.layer))));
+                    return Some(Err(e));
                 }
             }
         }
