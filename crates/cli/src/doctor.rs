@@ -5,7 +5,7 @@ use crate::chat::ChatFormat;
 use anyhow::{bail, Result};
 use clap::Args;
 use deltafin_formats::config::ModelConfig;
-use deltafin_models::Model;
+use deltafin_models::{LoadOptions, Model};
 use deltafin_store::probe;
 use deltafin_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -155,8 +155,36 @@ fn check_model(dir: &Path) -> Vec<String> {
             None
         }
     };
+    let mut load = LoadOptions::default();
+    match deltafin_formats::mirror::read_state(dir) {
+        Ok(Some(state)) if !state.complete => {
+            match deltafin_remote::Mirror::open(dir, None, Default::default()) {
+                Ok(m) => {
+                    let all: usize = m.expert_layers().iter().map(|l| l.1).sum();
+                    println!(
+                        "mirror of {}: {} of {all} experts local, {:.2} GB of shards on disk; {}",
+                        state.url,
+                        m.experts_present(),
+                        deltafin_remote::mirror::disk_usage(dir).unwrap_or(0) as f64 / 1e9,
+                        m.verification()
+                    );
+                    if m.spine_status().is_none() {
+                        problems.push(format!(
+                            "mirror: the spine is not fully fetched; run `deltafin fetch --from {} --out {}` to finish it",
+                            state.url,
+                            dir.display()
+                        ));
+                    }
+                    load.backfill = Some(std::sync::Arc::new(m));
+                }
+                Err(e) => problems.push(format!("mirror: {e:#}")),
+            }
+        }
+        Ok(_) => {}
+        Err(e) => problems.push(format!("mirror: {e:#}")),
+    }
     if config.is_some() {
-        match crate::progress::while_busy("loading every tensor", || Model::load(dir)) {
+        match crate::progress::while_busy("loading every tensor", || Model::load_with(dir, &load)) {
             Ok(_) => println!("weights: every expected tensor present with the right shape"),
             Err(e) => problems.push(format!("weights: {e:#}")),
         }

@@ -164,6 +164,11 @@ fn spine_only_fetch_then_experts_on_first_use_and_offline_says_what_is_missing()
     );
     server.take_seen();
 
+    let out = deltafin(&["doctor", "--model", path(&m)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("0 of 96 experts local"), "{text}");
+
     let err = run_fails(&m, &["--offline"]);
     assert!(
         err.contains("not in the local cache") && err.contains("--offline"),
