@@ -692,6 +692,9 @@ impl<'a> Fetch<'a> {
         while let Some(&e) = self.pending.first() {
             let key = (self.layer, e);
             let slot = if let Some(&slot) = st.map.get(&key) {
+                // Pinned before the lock may be dropped below: an unpinned slot can be settled, evicted
+                // and refilled with another record by a concurrent pass in that window.
+                st.slots[slot].pins += 1;
                 let s = &mut st.slots[slot];
                 if s.prefetched {
                     s.prefetched = false;
@@ -711,9 +714,9 @@ impl<'a> Fetch<'a> {
                     break;
                 };
                 store.start_load(&mut st, slot, key, true);
+                st.slots[slot].pins += 1;
                 slot
             };
-            st.slots[slot].pins += 1;
             self.loading.push((e, slot));
             self.pending.remove(0);
         }
