@@ -649,3 +649,58 @@ extern "C" __global__ void moe_combine(const float* y, const int* entry, const f
         acc[(size_t)t * width + d] = s;
     }
 }
+
+// Rust's f32::total_cmp as a signed integer key: negative values' magnitude bits flipped.
+__device__ __forceinline__ int total_key(float f) {
+    int b = __float_as_int(f);
+    return b ^ (int)(((u32)(b >> 31)) >> 1);
+}
+
+// Expert selection of one row per block, as deltafin_models::moe::Router::route: s = sigmoid(logit); the top_k
+// largest s + bias in f32::total_cmp order, equal keys to the lower id; ids ascending; weight = s / (Σ s + 1e-20)
+// · scale (the sum left to right in ascending id order) or s / 1 · scale. Ranks by counting: no sort, no atomics.
+// table: the layer's record pointers by expert id when every expert is resident (then slots[k] = its record), or
+// null. Dynamic shared memory: 3 · e words.
+extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
+                                     int* ids, float* wts, const u64* table, u64* slots) {
+    extern __shared__ int rs[];
+    int* key = rs;
+    float* score = (float*)(rs + e);
+    int* pos = rs + 2 * e;
+    int t = blockIdx.x;
+    const float* l = logits + (size_t)t * e;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        float s = sigmoidf_(l[i]);
+        score[i] = s;
+        key[i] = total_key(s + bias[i]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        int ki = key[i], rank = 0;
+        for (int j = 0; j < e; j++) rank += key[j] > ki || (key[j] == ki && j < i);
+        pos[i] = rank < topk;
+    }
+    __syncthreads();
+    int* row_ids = ids + (size_t)t * topk;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        if (pos[i]) {
+            int p = 0;
+            for (int j = 0; j < i; j++) p += pos[j];
+            row_ids[p] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float denom = 1.0f;
+        if (renorm) {
+            float sum = 0.0f;
+            for (int k = 0; k < topk; k++) sum += score[row_ids[k]];
+            denom = sum + 1e-20f;
+        }
+        for (int k = 0; k < topk; k++) {
+            int id = row_ids[k];
+            wts[(size_t)t * topk + k] = score[id] / denom * scale;
+            if (table) slots[(size_t)t * topk + k] = table[id];
+        }
+    }
+}

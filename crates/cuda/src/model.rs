@@ -7,8 +7,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_models::moe::Route;
-use deltafin_models::ops::sigmoid;
 use deltafin_models::weights::Loader;
 use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
@@ -101,7 +99,7 @@ struct Mlp {
 
 struct Moe {
     router: Lin,
-    bias: Vec<f32>,
+    bias: DevBuf,
     latent: Option<(Lin, DevBuf, Lin)>,
     shared: Mlp,
 }
@@ -190,6 +188,17 @@ pub struct CudaModel {
     slab_registered: bool,
     /// At most this many records stay pinned in the store while their copies run (half its slots).
     held_cap: usize,
+    /// Set when every expert is resident: decode then routes on the device with no host round trip.
+    direct: Option<Direct>,
+}
+
+/// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
+/// fixed tables for one row of top_k entries (row offsets 0..=top_k, which are also the combine's entries, and
+/// the row index 0 of every entry).
+struct Direct {
+    table: DevBuf,
+    seq: DevBuf,
+    row0: DevBuf,
 }
 
 /// One sequence's device state.
@@ -410,7 +419,8 @@ impl CudaModel {
                     };
                     Ffn::Moe(Box::new(Moe {
                         router: lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?,
-                        bias: ld.vector(
+                        bias: vecf(
+                            &ld,
                             "block_sparse_moe.gate.e_score_correction_bias",
                             &[m.num_experts],
                         )?,
@@ -482,7 +492,7 @@ impl CudaModel {
             staging,
             counters: CudaCounters::default(),
         };
-        let model = CudaModel {
+        let mut model = CudaModel {
             gpu,
             cfg,
             embed,
@@ -502,9 +512,11 @@ impl CudaModel {
             spine_bytes,
             slab_registered,
             held_cap,
+            direct: None,
         };
         if resident {
             model.preload().context("loading the experts into VRAM")?;
+            model.direct = Some(model.direct_tables()?);
         }
         Ok(model)
     }
@@ -625,7 +637,7 @@ impl CudaModel {
                 + m.heads * (pos + n)
                 + c.moe.num_experts
                 + 2 * lay.width
-                + c.moe.top_k * (lay.inter + lay.width + 4)
+                + c.moe.top_k * (lay.inter + lay.width + 8)
                 + c.moe.shared_width
                 + c.dense_intermediate
                 + c.vocab_size)
@@ -637,7 +649,7 @@ impl CudaModel {
         }
         arena.off.set(0);
         // Uploads: the tokens, then per MoE layer up to one wave per expert (slots, row offsets, rows: three
-        // 16-byte-rounded tables) and the combine's entries and weights.
+        // 16-byte-rounded tables) and the combine's entries.
         let e = c.moe.num_experts;
         let host_need = 16
             + 4 * n
@@ -1030,35 +1042,116 @@ impl CudaModel {
     ) -> Result<u64> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
-        // Router logits on the device; the selection on the host, which needs the ids to schedule copies.
-        let logits_dev = self.mm(a, &m.router, x, n)?;
-        let logits: Vec<f32> = self.gpu.dtoh(logits_dev, n * e_count)?;
-        // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
-        // move again.
-        held.clear();
-        let routes: Vec<Route> = logits
-            .chunks(e_count)
-            .map(|row| {
-                select_experts(
-                    row,
-                    &m.bias,
-                    top_k,
-                    mc.renormalize,
-                    mc.routed_scaling_factor,
-                )
-            })
-            .collect();
-        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
-        union.sort_unstable();
-        union.dedup();
         let lay = &self.layout;
+        // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
+        let logits = self.mm(a, &m.router, x, n)?;
+        let ids = a.take(4 * n * top_k)?;
+        let wts = a.f32s(n * top_k)?;
+        // One resident row (decode): the selected records come from the device table, nothing goes to the
+        // host. Otherwise the host takes the ids, plans the copies and runs each chosen expert once per pass.
+        let direct = self.direct.as_ref().filter(|_| n == 1);
+        let (table, slots) = match direct {
+            Some(d) => (
+                d.table.ptr + (8 * layer * e_count) as u64,
+                a.take(8 * top_k)?,
+            ),
+            None => (0, 0),
+        };
+        Launch::new(
+            &self.gpu,
+            "moe_route",
+            (n as u32, 1),
+            128,
+            (12 * e_count) as u32,
+        )
+        .p(logits)
+        .p(m.bias.ptr)
+        .i(e_count)
+        .i(top_k)
+        .i(mc.renormalize as usize)
+        .f(mc.routed_scaling_factor)
+        .p(ids)
+        .p(wts)
+        .p(table)
+        .p(slots)
+        .go()?;
         let z = match &m.latent {
             Some((down, _, _)) => self.mm(a, down, x, n)?,
             None => x,
         };
+        let (entry, y, uses) = match direct {
+            Some(d) => {
+                let act = a.f32s(top_k * lay.inter)?;
+                let y = a.f32s(top_k * lay.width)?;
+                self.launch_experts(top_k, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
+                self.cache.lock().unwrap().counters.vram_hits += top_k as u64;
+                (d.seq.ptr, y, top_k)
+            }
+            None => self.routed_via_host(a, layer, ids, z, n, held)?,
+        };
+        stats.expert_uses.fetch_add(uses as u64, Ordering::Relaxed);
+        stats
+            .expert_bytes
+            .fetch_add((uses * lay.len) as u64, Ordering::Relaxed);
+        // acc = Σ w_i y_i per row, experts in ascending id order.
+        let acc = a.f32s(n * lay.width)?;
+        Launch::new(
+            &self.gpu,
+            "moe_combine",
+            (n as u32, lay.width.div_ceil(256) as u32),
+            256,
+            0,
+        )
+        .p(y)
+        .p(entry)
+        .p(wts)
+        .p(acc)
+        .i(n)
+        .i(top_k)
+        .i(lay.width)
+        .go()?;
+        let routed = match &m.latent {
+            Some((_, norm, up)) => {
+                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
+                self.mm(a, up, acc, n)?
+            }
+            None => acc,
+        };
+        let out = self.mlp(a, &m.shared, x, n)?;
+        self.add(out, routed, n * self.cfg.hidden)?;
+        Ok(out)
+    }
+
+    /// The routed experts with the selection `ids` ([n][top_k] on the device) brought to the host: each chosen
+    /// expert runs once for all its rows, resident ones at once, misses in waves as their copies arrive.
+    /// Returns the combine's entries ([n][top_k] indices into the outputs, on the device), the outputs, and
+    /// the number of experts used.
+    fn routed_via_host<'s>(
+        &'s self,
+        a: &Arena,
+        layer: usize,
+        ids: u64,
+        z: u64,
+        n: usize,
+        held: &mut Vec<RecordRef<'s>>,
+    ) -> Result<(u64, u64, usize)> {
+        let top_k = self.cfg.moe.top_k;
+        let ids: Vec<i32> = self.gpu.dtoh(ids, n * top_k)?;
+        // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
+        // move again.
+        held.clear();
+        let routes: Vec<&[i32]> = ids.chunks(top_k).collect();
+        let mut union: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
+        union.sort_unstable();
+        union.dedup();
+        let lay = &self.layout;
         let rows_of: Vec<Vec<usize>> = union
             .iter()
-            .map(|e| (0..n).filter(|&t| routes[t].ids.contains(e)).collect())
+            .map(|&e| {
+                (0..n)
+                    .filter(|&t| routes[t].contains(&(e as i32)))
+                    .collect()
+            })
             .collect();
         let mut cache = self.cache.lock().unwrap();
         let waves = plan_waves(&mut cache.plan, layer, &union);
@@ -1082,7 +1175,7 @@ impl CudaModel {
                 .iter()
                 .map(|&(u, s)| (u, slot_ptr(&cache, s)))
                 .collect();
-            self.launch_experts(a, &hits, &rows_of, &entry_of, z, act, y)?;
+            self.launch_group(a, &hits, &rows_of, &entry_of, z, act, y)?;
             if w.misses.is_empty() {
                 continue;
             }
@@ -1117,60 +1210,24 @@ impl CudaModel {
                 .iter()
                 .map(|&(u, s)| (u, slot_ptr(&cache, s)))
                 .collect();
-            self.launch_experts(a, &misses, &rows_of, &entry_of, z, act, y)?;
+            self.launch_group(a, &misses, &rows_of, &entry_of, z, act, y)?;
         }
         let hits: u64 = waves.iter().map(|w| w.hits.len() as u64).sum();
         cache.counters.vram_hits += hits;
         cache.counters.vram_misses += union.len() as u64 - hits;
         drop(cache);
-        stats
-            .expert_uses
-            .fetch_add(union.len() as u64, Ordering::Relaxed);
-        stats
-            .expert_bytes
-            .fetch_add((union.len() * lay.len) as u64, Ordering::Relaxed);
-        // acc = Σ w_i y_i per row, experts in ascending id order.
         let mut entry = Vec::with_capacity(n * top_k);
-        let mut wts = Vec::with_capacity(n * top_k);
         for (t, r) in routes.iter().enumerate() {
-            for (id, wt) in r.ids.iter().zip(&r.weights) {
-                let u = union.binary_search(id).expect("in the union");
+            for id in r.iter() {
+                let u = union.binary_search(&(*id as usize)).expect("in the union");
                 let j = rows_of[u]
                     .iter()
                     .position(|&x| x == t)
                     .expect("row chose it");
                 entry.push((entry_of[u] + j) as i32);
-                wts.push(*wt);
             }
         }
-        let entry_dev = self.stage(a, &entry)?;
-        let wts_dev = self.stage(a, &wts)?;
-        let acc = a.f32s(n * lay.width)?;
-        Launch::new(
-            &self.gpu,
-            "moe_combine",
-            (n as u32, lay.width.div_ceil(256) as u32),
-            256,
-            0,
-        )
-        .p(y)
-        .p(entry_dev)
-        .p(wts_dev)
-        .p(acc)
-        .i(n)
-        .i(top_k)
-        .i(lay.width)
-        .go()?;
-        let routed = match &m.latent {
-            Some((_, norm, up)) => {
-                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
-                self.mm(a, up, acc, n)?
-            }
-            None => acc,
-        };
-        let out = self.mlp(a, &m.shared, x, n)?;
-        self.add(out, routed, n * self.cfg.hidden)?;
-        Ok(out)
+        Ok((self.stage(a, &entry)?, y, union.len()))
     }
 
     /// Copies records `(expert, VRAM destination)` of `layer` from the store on the copy stream, in the order
@@ -1249,6 +1306,28 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The resident decode path's device tables (after `preload`: every expert has its slot for good).
+    fn direct_tables(&self) -> Result<Direct> {
+        let (e, k) = (self.cfg.moe.num_experts, self.cfg.moe.top_k);
+        let mut cache = self.cache.lock().unwrap();
+        let mut table = vec![0u64; self.cfg.num_layers * e];
+        for layer in (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l)) {
+            for id in 0..e {
+                let s = cache
+                    .plan
+                    .lookup((layer, id))
+                    .context("internal: a preloaded expert has no slot")?;
+                table[layer * e + id] = cache.slots.ptr + (s * cache.slot_len) as u64;
+            }
+        }
+        cache.plan.unpin_all();
+        Ok(Direct {
+            table: self.gpu.upload(&table)?,
+            seq: self.gpu.upload(&(0..=k as i32).collect::<Vec<_>>())?,
+            row0: self.gpu.upload(&vec![0i32; k])?,
+        })
+    }
+
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
     fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
         let bytes = std::mem::size_of_val(v);
@@ -1273,8 +1352,9 @@ impl CudaModel {
         Ok(dst)
     }
 
+    /// Stages one group's tables (record pointers, row offsets, rows) and launches its experts.
     #[allow(clippy::too_many_arguments)]
-    fn launch_experts(
+    fn launch_group(
         &self,
         a: &Arena,
         group: &[(usize, u64)],
@@ -1301,8 +1381,33 @@ impl CudaModel {
         let slots_dev = self.stage(a, &slots)?;
         let off_dev = self.stage(a, &row_off)?;
         let rows_dev = self.stage(a, &rows)?;
+        self.launch_experts(
+            group.len(),
+            slots_dev,
+            off_dev,
+            rows_dev,
+            z,
+            act + (4 * first * lay.inter) as u64,
+            y + (4 * first * lay.width) as u64,
+        )
+    }
+
+    /// `g` experts from device tables: `slots[u]` its record, entries `row_off[u]..row_off[u+1]` its rows of z
+    /// (`rows[entry]`); entry e's activations and outputs at row e of `act` and `y`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_experts(
+        &self,
+        g: usize,
+        slots: u64,
+        row_off: u64,
+        rows: u64,
+        z: u64,
+        act: u64,
+        y: u64,
+    ) -> Result<()> {
+        let lay = &self.layout;
         let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
-        let g = group.len() as u32;
+        let g = g as u32;
         // A thread per row: two per intermediate row (gate, up) in expert_up, one per output row in expert_down.
         // Shared memory: four warps' double-buffered tiles, then the x row.
         const TILES: usize = 4 * 2 * 32 * 9 * 16;
@@ -1313,11 +1418,11 @@ impl CudaModel {
             128,
             (TILES + 4 * lay.width) as u32,
         )
-        .p(slots_dev)
-        .p(off_dev)
-        .p(rows_dev)
+        .p(slots)
+        .p(row_off)
+        .p(rows)
         .p(z)
-        .p(act + (4 * first * lay.inter) as u64)
+        .p(act)
         .i(lay.width)
         .i(lay.inter)
         .i(enc)
@@ -1331,10 +1436,10 @@ impl CudaModel {
             128,
             (TILES + 4 * lay.inter) as u32,
         )
-        .p(slots_dev)
-        .p(off_dev)
-        .p(act + (4 * first * lay.inter) as u64)
-        .p(y + (4 * first * lay.width) as u64)
+        .p(slots)
+        .p(row_off)
+        .p(act)
+        .p(y)
         .i(lay.width)
         .i(lay.inter)
         .i(enc)
@@ -1399,29 +1504,4 @@ fn open_store(
     };
     let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
     Ok((Arc::new(store), layout))
-}
-
-/// noaux_tc selection from one row of router logits, as `deltafin_models::moe::Router::route` does it (the
-/// CPU router computes its logits itself, so its selection step is not callable on logits alone).
-pub fn select_experts(
-    logits: &[f32],
-    bias: &[f32],
-    top_k: usize,
-    renormalize: bool,
-    scale: f32,
-) -> Route {
-    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    let choice = |i: usize| scores[i] + bias[i];
-    order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
-    let mut ids = order[..top_k].to_vec();
-    ids.sort_unstable();
-    let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
-    let denom = if renormalize {
-        picked.iter().sum::<f32>() + 1e-20
-    } else {
-        1.0
-    };
-    let weights = picked.iter().map(|s| s / denom * scale).collect();
-    Route { ids, weights }
 }
