@@ -36,7 +36,9 @@ pub struct CudaCounters {
 }
 
 struct Lin {
-    buf: DevBuf,
+    /// The allocation, shared by the parts of a fused matrix (`fuse`).
+    _mem: Arc<DevBuf>,
+    ptr: u64,
     rows: usize,
     cols: usize,
 }
@@ -47,6 +49,8 @@ enum OutGate {
 }
 
 struct Kda {
+    /// q, k, v, f_a, the gate's first matrix, b: fused (`fuse`), in that order.
+    xin: Lin,
     q: Lin,
     k: Lin,
     v: Lin,
@@ -71,7 +75,27 @@ enum QPath {
     Direct(Lin),
 }
 
+impl QPath {
+    /// The matrix applied to the layer's input.
+    fn first(&self) -> &Lin {
+        match self {
+            QPath::Low { a, .. } => a,
+            QPath::Direct(p) => p,
+        }
+    }
+}
+
+impl OutGate {
+    fn first(&self) -> &Lin {
+        match self {
+            OutGate::Full(g) | OutGate::Low(g, _) => g,
+        }
+    }
+}
+
 struct Mla {
+    /// q's first matrix, kv_a and the gate (K3): fused (`fuse`), in that order.
+    xin: Lin,
     q: QPath,
     kv_a: Lin,
     kv_norm: DevBuf,
@@ -98,6 +122,8 @@ struct Mlp {
 }
 
 struct Moe {
+    /// K3: the latent down projection and the router, fused (`fuse`), in that order.
+    xin: Option<Lin>,
     router: Lin,
     bias: DevBuf,
     latent: Option<(Lin, DevBuf, Lin)>,
@@ -298,7 +324,7 @@ impl CudaModel {
                 let attn = if cfg.is_mla[l] {
                     let m = &cfg.mla;
                     let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
-                    let q = match m.q_lora_rank {
+                    let mut q = match m.q_lora_rank {
                         Some(r) => QPath::Low {
                             a: lin(&ld, "self_attn.q_a_proj.weight", r, h)?,
                             norm: vecf(&ld, "self_attn.q_a_layernorm.weight", &[r])?,
@@ -311,14 +337,33 @@ impl CudaModel {
                     if m.kv_lora_rank % 32 != 0 {
                         bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
                     }
-                    Attn::Mla(Box::new(Mla {
-                        q,
-                        kv_a: lin(
+                    let mut kv_a = lin(
+                        &ld,
+                        "self_attn.kv_a_proj_with_mqa.weight",
+                        m.kv_lora_rank + m.qk_rope_head_dim,
+                        h,
+                    )?;
+                    let mut gate = if k3 {
+                        Some(lin(
                             &ld,
-                            "self_attn.kv_a_proj_with_mqa.weight",
-                            m.kv_lora_rank + m.qk_rope_head_dim,
+                            "self_attn.g_proj.weight",
+                            m.heads * m.v_head_dim,
                             h,
-                        )?,
+                        )?)
+                    } else {
+                        None
+                    };
+                    let q_in = match &mut q {
+                        QPath::Low { a, .. } => a,
+                        QPath::Direct(p) => p,
+                    };
+                    let mut parts = vec![q_in, &mut kv_a];
+                    parts.extend(gate.as_mut());
+                    let xin = fuse(&gpu, &mut parts)?;
+                    Attn::Mla(Box::new(Mla {
+                        xin,
+                        q,
+                        kv_a,
                         kv_norm: vecf(&ld, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
                         kv_b: lin(
                             &ld,
@@ -326,16 +371,7 @@ impl CudaModel {
                             m.heads * (m.qk_nope_head_dim + m.v_head_dim),
                             m.kv_lora_rank,
                         )?,
-                        gate: if k3 {
-                            Some(lin(
-                                &ld,
-                                "self_attn.g_proj.weight",
-                                m.heads * m.v_head_dim,
-                                h,
-                            )?)
-                        } else {
-                            None
-                        },
+                        gate,
                         o: lin(&ld, "self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?,
                         heads: m.heads,
                         nope: m.qk_nope_head_dim,
@@ -356,7 +392,7 @@ impl CudaModel {
                             ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
                         );
                     }
-                    let (a_log, gate) = if k3 {
+                    let (a_log, mut gate) = if k3 {
                         let stored = ld.vector("self_attn.A_log", &[dim])?;
                         if heads > dim {
                             bail!(
@@ -376,14 +412,25 @@ impl CudaModel {
                             ),
                         )
                     };
+                    let mut q = lin(&ld, "self_attn.q_proj.weight", w, h)?;
+                    let mut k = lin(&ld, "self_attn.k_proj.weight", w, h)?;
+                    let mut v = lin(&ld, "self_attn.v_proj.weight", w, h)?;
+                    let mut f_a = lin(&ld, "self_attn.f_a_proj.weight", dim, h)?;
+                    let mut b = lin(&ld, "self_attn.b_proj.weight", heads, h)?;
+                    let g_in = match &mut gate {
+                        OutGate::Full(g) | OutGate::Low(g, _) => g,
+                    };
+                    // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
+                    let xin = fuse(&gpu, &mut [&mut q, &mut k, &mut v, &mut f_a, g_in, &mut b])?;
                     Attn::Kda(Box::new(Kda {
-                        q: lin(&ld, "self_attn.q_proj.weight", w, h)?,
-                        k: lin(&ld, "self_attn.k_proj.weight", w, h)?,
-                        v: lin(&ld, "self_attn.v_proj.weight", w, h)?,
+                        xin,
+                        q,
+                        k,
+                        v,
                         conv: gpu.upload(&conv)?,
-                        f_a: lin(&ld, "self_attn.f_a_proj.weight", dim, h)?,
+                        f_a,
                         f_b: lin(&ld, "self_attn.f_b_proj.weight", w, dim)?,
-                        b: lin(&ld, "self_attn.b_proj.weight", heads, h)?,
+                        b,
                         a_log: gpu.upload(&a_log)?,
                         dt_bias: vecf(&ld, "self_attn.dt_bias", &[w])?,
                         o_norm: vecf(&ld, "self_attn.o_norm.weight", &[dim])?,
@@ -409,7 +456,7 @@ impl CudaModel {
                     Ffn::Dense(mlp(&mut lin, &ld.sub("mlp."), cfg.dense_intermediate)?)
                 } else {
                     let m = &cfg.moe;
-                    let latent = match m.latent {
+                    let mut latent = match m.latent {
                         Some(w) => Some((
                             lin(&ld, "block_sparse_moe.routed_expert_down_proj.weight", w, h)?,
                             vecf(&ld, "block_sparse_moe.routed_expert_norm.weight", &[w])?,
@@ -417,8 +464,14 @@ impl CudaModel {
                         )),
                         None => None,
                     };
+                    let mut router = lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?;
+                    let xin = match &mut latent {
+                        Some((down, _, _)) => Some(fuse(&gpu, &mut [down, &mut router])?),
+                        None => None,
+                    };
                     Ffn::Moe(Box::new(Moe {
-                        router: lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?,
+                        xin,
+                        router,
                         bias: vecf(
                             &ld,
                             "block_sparse_moe.gate.e_score_correction_bias",
@@ -674,6 +727,30 @@ impl CudaModel {
         Ok(y)
     }
 
+    /// `parts` times x, the parts fused back to back in `fused`: for one row a single matmul, whose output holds
+    /// the parts' outputs in order; otherwise one per part. Returns each part's output ([n][rows]).
+    fn mm_parts(
+        &self,
+        a: &Arena,
+        fused: &Lin,
+        parts: &[&Lin],
+        x: u64,
+        n: usize,
+    ) -> Result<Vec<u64>> {
+        if n > 1 {
+            return parts.iter().map(|p| self.mm(a, p, x, n)).collect();
+        }
+        let mut at = self.mm(a, fused, x, 1)?;
+        Ok(parts
+            .iter()
+            .map(|p| {
+                let o = at;
+                at += 4 * p.rows as u64;
+                o
+            })
+            .collect())
+    }
+
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
         // A warp per row; shared memory: eight 4 KB pieces, then the x rows of a tile of four.
         Launch::new(
@@ -683,7 +760,7 @@ impl CudaModel {
             256,
             (8 * 4096 + 4 * n.min(4) * w.cols) as u32,
         )
-        .p(w.buf.ptr)
+        .p(w.ptr)
         .p(x)
         .p(y)
         .i(w.rows)
@@ -740,8 +817,8 @@ impl CudaModel {
             256,
             0,
         )
-        .p(m.gate.buf.ptr)
-        .p(m.up.buf.ptr)
+        .p(m.gate.ptr)
+        .p(m.up.ptr)
         .p(x)
         .p(act)
         .i(m.gate.rows)
@@ -766,7 +843,7 @@ impl CudaModel {
         let tok = self.stage(a, tokens)?;
         let h = a.f32s(n * hd)?;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
-            .p(self.embed.buf.ptr)
+            .p(self.embed.ptr)
             .p(tok)
             .p(h)
             .i(n)
@@ -872,13 +949,14 @@ impl CudaModel {
     fn kda(&self, a: &Arena, k: &Kda, x: u64, n: usize, conv_state: u64, s: u64) -> Result<u64> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
-        let (q, kk, v) = (
-            self.mm(a, &k.q, x, n)?,
-            self.mm(a, &k.k, x, n)?,
-            self.mm(a, &k.v, x, n)?,
-        );
-        let beta = self.mm(a, &k.b, x, n)?;
-        let fa = self.mm(a, &k.f_a, x, n)?;
+        let y = self.mm_parts(
+            a,
+            &k.xin,
+            &[&k.q, &k.k, &k.v, &k.f_a, k.gate.first(), &k.b],
+            x,
+            n,
+        )?;
+        let (q, kk, v, fa, gate_in, beta) = (y[0], y[1], y[2], y[3], y[4], y[5]);
         let g = self.mm(a, &k.f_b, fa, n)?;
         Launch::new(
             &self.gpu,
@@ -899,11 +977,8 @@ impl CudaModel {
         .f(-5.0)
         .go()?;
         let gate = match &k.gate {
-            OutGate::Full(g) => self.mm(a, g, x, n)?,
-            OutGate::Low(ga, gb) => {
-                let t = self.mm(a, ga, x, n)?;
-                self.mm(a, gb, t, n)?
-            }
+            OutGate::Full(_) => gate_in,
+            OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
         Launch::new(
@@ -945,15 +1020,17 @@ impl CudaModel {
         pe: u64,
         pos: usize,
     ) -> Result<u64> {
+        let mut parts = vec![m.q.first(), &m.kv_a];
+        parts.extend(m.gate.as_ref());
+        let y = self.mm_parts(a, &m.xin, &parts, x, n)?;
         let q = match &m.q {
             QPath::Low { a: qa, norm, b } => {
-                let cq = self.mm(a, qa, x, n)?;
-                self.rms(cq, norm.ptr, cq, n, qa.rows, m.eps)?;
-                self.mm(a, b, cq, n)?
+                self.rms(y[0], norm.ptr, y[0], n, qa.rows, m.eps)?;
+                self.mm(a, b, y[0], n)?
             }
-            QPath::Direct(p) => self.mm(a, p, x, n)?,
+            QPath::Direct(_) => y[0],
         };
-        let c = self.mm(a, &m.kv_a, x, n)?;
+        let c = y[1];
         Launch::new(&self.gpu, "mla_append", (n as u32, 1), 128, 0)
             .p(c)
             .p(m.kv_norm.ptr)
@@ -977,7 +1054,7 @@ impl CudaModel {
             (2 * m.kvl * 4) as u32,
         )
         .p(q)
-        .p(m.kv_b.buf.ptr)
+        .p(m.kv_b.ptr)
         .p(lat)
         .p(pe)
         .p(p)
@@ -992,8 +1069,8 @@ impl CudaModel {
         .i(pos)
         .f(scale)
         .go()?;
-        if let Some(g) = &m.gate {
-            let gv = self.mm(a, g, x, n)?;
+        if m.gate.is_some() {
+            let gv = y[2];
             let len = n * m.heads * m.dv;
             Launch::new(
                 &self.gpu,
@@ -1044,7 +1121,13 @@ impl CudaModel {
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
         let lay = &self.layout;
         // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
-        let logits = self.mm(a, &m.router, x, n)?;
+        let (z, logits) = match (&m.latent, &m.xin) {
+            (Some((down, _, _)), Some(xin)) => {
+                let y = self.mm_parts(a, xin, &[down, &m.router], x, n)?;
+                (y[0], y[1])
+            }
+            _ => (x, self.mm(a, &m.router, x, n)?),
+        };
         let ids = a.take(4 * n * top_k)?;
         let wts = a.f32s(n * top_k)?;
         // One resident row (decode): the selected records come from the device table, nothing goes to the
@@ -1075,10 +1158,6 @@ impl CudaModel {
         .p(table)
         .p(slots)
         .go()?;
-        let z = match &m.latent {
-            Some((down, _, _)) => self.mm(a, down, x, n)?,
-            None => x,
-        };
         let (entry, y, uses) = match direct {
             Some(d) => {
                 let act = a.f32s(top_k * lay.inter)?;
@@ -1454,8 +1533,39 @@ fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Resul
         bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
     }
     let l = ld.linear(name, rows, cols)?;
+    let mem = Arc::new(gpu.upload(&l.data)?);
     Ok(Lin {
-        buf: gpu.upload(&l.data)?,
+        ptr: mem.ptr,
+        _mem: mem,
+        rows,
+        cols,
+    })
+}
+
+/// Moves matrices that multiply the same input into one allocation, back to back in the order given (each
+/// part then points into it): a one-row pass runs them as one matmul (`mm_parts`). Every part's rows are whole
+/// 32-element blocks, so each part starts 64-byte aligned.
+fn fuse(gpu: &Gpu, parts: &mut [&mut Lin]) -> Result<Lin> {
+    let cols = parts[0].cols;
+    let rows: usize = parts.iter().map(|p| p.rows).sum();
+    let mem = Arc::new(gpu.alloc(2 * rows * cols)?);
+    let mut at = mem.ptr;
+    let mut placed = Vec::with_capacity(parts.len());
+    for p in parts.iter() {
+        assert_eq!(p.cols, cols, "fused matrices share their input");
+        gpu.dtod(at, p.ptr, 2 * p.rows * cols)?;
+        placed.push(at);
+        at += (2 * p.rows * cols) as u64;
+    }
+    // The parts' own allocations are freed below.
+    gpu.stream.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+    for (p, at) in parts.iter_mut().zip(placed) {
+        p._mem = mem.clone();
+        p.ptr = at;
+    }
+    Ok(Lin {
+        ptr: mem.ptr,
+        _mem: mem,
         rows,
         cols,
     })
