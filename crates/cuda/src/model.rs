@@ -1145,7 +1145,7 @@ impl CudaModel {
             "moe_route",
             (n as u32, 1),
             128,
-            (12 * e_count) as u32,
+            (4 * (3 * e_count + top_k)) as u32,
         )
         .p(logits)
         .p(m.bias.ptr)
