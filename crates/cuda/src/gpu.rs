@@ -30,6 +30,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "expert_up",
     "expert_down",
     "moe_combine",
+    "moe_route",
 ];
 
 /// The kernels whose dynamic shared memory can exceed the default 48 KB.

@@ -49,10 +49,13 @@ __device__ __forceinline__ float actf(int act, float g, float u) {
     return act == 0 ? situf_(g, u) : siluf_(g) * u;
 }
 
-// Any-length dot of two f32 vectors in the fixed order; result valid in lane 0.
+// Any-length dot of two f32 vectors in the fixed order; result valid in lane 0. Loops over global memory with
+// a run-time trip count are unrolled where they are latency-bound (one load round trip per iteration
+// otherwise): the loads of several iterations are then in flight together, the arithmetic still in order.
 __device__ float warp_dot(const float* a, const float* b, int len, int lane) {
     int body = len / 32 * 32;
     float acc = 0.0f;
+#pragma unroll 8
     for (int i = lane; i < body; i += 32) acc = fmaf(a[i], b[i], acc);
     acc = fold_lanes(acc);
     if (lane == 0)
@@ -304,7 +307,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
     extern __shared__ float sh[];
     float* qs = sh;            // dim
     float* ks = sh + dim;      // dim
-    float* gs = sh + 2 * dim;  // dim
+    float* ds = sh + 2 * dim;  // dim: exp(g), the decay of row i of S
     float* os = sh + 3 * dim;  // dim
     __shared__ float red[2];
     int h = blockIdx.x, j = threadIdx.x;
@@ -328,7 +331,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         }
         qs[j] = proj[0][c];
         ks[j] = proj[1][c];
-        gs[j] = g[(size_t)t * w + c];
+        ds[j] = expf(g[(size_t)t * w + c]);
         __syncthreads();
         // 3. per-head L2 normalisation (sum of squares left to right, like the CPU).
         if (j < 2) {
@@ -343,20 +346,34 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         ks[j] *= red[1];
         __syncthreads();
         // 6. S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ; o = Sᵀq (column j of S per thread).
+        // The column is read 32 rows at a time before any of them is written back (this thread alone touches
+        // it), so the loads overlap instead of waiting one round trip each.
         float d = proj[2][c];
-        for (int i = 0; i < dim; i++) {
-            float decay = expf(gs[i]);
-            float s = Sh[(size_t)i * dim + j] * decay;
-            Sh[(size_t)i * dim + j] = s;
-            d -= s * ks[i];
+        float* col = Sh + j;
+        for (int i0 = 0; i0 < dim; i0 += 32) {
+            float sv[32];
+#pragma unroll
+            for (int u = 0; u < 32; u++) sv[u] = col[(size_t)(i0 + u) * dim];
+#pragma unroll
+            for (int u = 0; u < 32; u++) {
+                float s = sv[u] * ds[i0 + u];
+                col[(size_t)(i0 + u) * dim] = s;
+                d -= s * ks[i0 + u];
+            }
         }
         float bt = beta[(size_t)t * heads + h];
         float o = 0.0f;
-        for (int i = 0; i < dim; i++) {
-            float bk = bt * ks[i];
-            float s = Sh[(size_t)i * dim + j] + bk * d;
-            Sh[(size_t)i * dim + j] = s;
-            o += s * qs[i];
+        for (int i0 = 0; i0 < dim; i0 += 32) {
+            float sv[32];
+#pragma unroll
+            for (int u = 0; u < 32; u++) sv[u] = col[(size_t)(i0 + u) * dim];
+#pragma unroll
+            for (int u = 0; u < 32; u++) {
+                float bk = bt * ks[i0 + u];
+                float s = sv[u] + bk * d;
+                col[(size_t)(i0 + u) * dim] = s;
+                o += s * qs[i0 + u];
+            }
         }
         os[j] = o;
         __syncthreads();
@@ -405,6 +422,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     size_t base = (size_t)hd * (nope + dv);
     for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int r = 0; r < nope; r++) acc = fmaf(bf16f(kv_b[(base + r) * kvl + cc]), qh[r], acc);
         q_lat[cc] = acc;
     }
@@ -419,6 +437,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     __syncthreads();
     if (threadIdx.x == 0) {
         float mx = __int_as_float(0xff800000);
+#pragma unroll 8
         for (int s = 0; s < upto; s++) mx = fmaxf(mx, p[s]);
         red[0] = mx;
     }
@@ -427,6 +446,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     __syncthreads();
     if (threadIdx.x == 0) {
         float sum = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < upto; s++) sum += p[s];
         red[1] = 1.0f / sum;
     }
@@ -435,6 +455,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     __syncthreads();
     for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < upto; s++) acc += p[s] * lat[(size_t)s * kvl + cc];
         ctx[cc] = acc;
     }
@@ -645,7 +666,63 @@ extern "C" __global__ void moe_combine(const float* y, const int* entry, const f
     int d = blockIdx.y * blockDim.x + threadIdx.x;
     if (d < width) {
         float s = 0.0f;
+#pragma unroll 8
         for (int k = 0; k < topk; k++) s += wts[t * topk + k] * y[(size_t)entry[t * topk + k] * width + d];
         acc[(size_t)t * width + d] = s;
+    }
+}
+
+// Rust's f32::total_cmp as a signed integer key: negative values' magnitude bits flipped.
+__device__ __forceinline__ int total_key(float f) {
+    int b = __float_as_int(f);
+    return b ^ (int)(((u32)(b >> 31)) >> 1);
+}
+
+// Expert selection of one row per block, as deltafin_models::moe::Router::route: s = sigmoid(logit); the top_k
+// largest s + bias in f32::total_cmp order, equal keys to the lower id; ids ascending; weight = s / (Σ s + 1e-20)
+// · scale (the sum left to right in ascending id order) or s / 1 · scale. Ranks by counting: no sort, no atomics.
+// table: the layer's record pointers by expert id when every expert is resident (then slots[k] = its record), or
+// null. Dynamic shared memory: 3 · e + topk words.
+extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
+                                     int* ids, float* wts, const u64* table, u64* slots) {
+    extern __shared__ int rs[];
+    int* key = rs;
+    float* score = (float*)(rs + e);
+    int* pos = rs + 2 * e;
+    int* sel = rs + 3 * e;
+    __shared__ float denom;
+    int t = blockIdx.x;
+    const float* l = logits + (size_t)t * e;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        float s = sigmoidf_(l[i]);
+        score[i] = s;
+        key[i] = total_key(s + bias[i]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        int ki = key[i], rank = 0;
+        for (int j = 0; j < e; j++) rank += key[j] > ki || (key[j] == ki && j < i);
+        pos[i] = rank < topk;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        if (pos[i]) {
+            int p = 0;
+            for (int j = 0; j < i; j++) p += pos[j];
+            sel[p] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < topk; k++) sum += score[sel[k]];
+        denom = renorm ? sum + 1e-20f : 1.0f;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < topk; k += blockDim.x) {
+        int id = sel[k];
+        ids[(size_t)t * topk + k] = id;
+        wts[(size_t)t * topk + k] = score[id] / denom * scale;
+        if (table) slots[(size_t)t * topk + k] = table[id];
     }
 }

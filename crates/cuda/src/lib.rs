@@ -16,7 +16,7 @@ pub mod plan;
 pub mod probe;
 
 pub use gpu::availability;
-pub use model::{select_experts, CudaCounters, CudaModel, CudaOptions, CudaSession, RecordLayout};
+pub use model::{CudaCounters, CudaModel, CudaOptions, CudaSession, RecordLayout};
 
 use anyhow::{bail, Result};
 

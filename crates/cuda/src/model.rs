@@ -7,8 +7,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_models::moe::Route;
-use deltafin_models::ops::sigmoid;
 use deltafin_models::weights::Loader;
 use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
@@ -38,7 +36,9 @@ pub struct CudaCounters {
 }
 
 struct Lin {
-    buf: DevBuf,
+    /// The allocation, shared by the parts of a fused matrix (`fuse`).
+    _mem: Arc<DevBuf>,
+    ptr: u64,
     rows: usize,
     cols: usize,
 }
@@ -49,6 +49,8 @@ enum OutGate {
 }
 
 struct Kda {
+    /// q, k, v, f_a, the gate's first matrix, b: fused (`fuse`), in that order.
+    xin: Lin,
     q: Lin,
     k: Lin,
     v: Lin,
@@ -73,7 +75,27 @@ enum QPath {
     Direct(Lin),
 }
 
+impl QPath {
+    /// The matrix applied to the layer's input.
+    fn first(&self) -> &Lin {
+        match self {
+            QPath::Low { a, .. } => a,
+            QPath::Direct(p) => p,
+        }
+    }
+}
+
+impl OutGate {
+    fn first(&self) -> &Lin {
+        match self {
+            OutGate::Full(g) | OutGate::Low(g, _) => g,
+        }
+    }
+}
+
 struct Mla {
+    /// q's first matrix, kv_a and the gate (K3): fused (`fuse`), in that order.
+    xin: Lin,
     q: QPath,
     kv_a: Lin,
     kv_norm: DevBuf,
@@ -100,8 +122,10 @@ struct Mlp {
 }
 
 struct Moe {
+    /// K3: the latent down projection and the router, fused (`fuse`), in that order.
+    xin: Option<Lin>,
     router: Lin,
-    bias: Vec<f32>,
+    bias: DevBuf,
     latent: Option<(Lin, DevBuf, Lin)>,
     shared: Mlp,
 }
@@ -190,6 +214,17 @@ pub struct CudaModel {
     slab_registered: bool,
     /// At most this many records stay pinned in the store while their copies run (half its slots).
     held_cap: usize,
+    /// Set when every expert is resident: decode then routes on the device with no host round trip.
+    direct: Option<Direct>,
+}
+
+/// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
+/// fixed tables for one row of top_k entries (row offsets 0..=top_k, which are also the combine's entries, and
+/// the row index 0 of every entry).
+struct Direct {
+    table: DevBuf,
+    seq: DevBuf,
+    row0: DevBuf,
 }
 
 /// One sequence's device state.
@@ -289,7 +324,7 @@ impl CudaModel {
                 let attn = if cfg.is_mla[l] {
                     let m = &cfg.mla;
                     let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
-                    let q = match m.q_lora_rank {
+                    let mut q = match m.q_lora_rank {
                         Some(r) => QPath::Low {
                             a: lin(&ld, "self_attn.q_a_proj.weight", r, h)?,
                             norm: vecf(&ld, "self_attn.q_a_layernorm.weight", &[r])?,
@@ -302,14 +337,33 @@ impl CudaModel {
                     if m.kv_lora_rank % 32 != 0 {
                         bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
                     }
-                    Attn::Mla(Box::new(Mla {
-                        q,
-                        kv_a: lin(
+                    let mut kv_a = lin(
+                        &ld,
+                        "self_attn.kv_a_proj_with_mqa.weight",
+                        m.kv_lora_rank + m.qk_rope_head_dim,
+                        h,
+                    )?;
+                    let mut gate = if k3 {
+                        Some(lin(
                             &ld,
-                            "self_attn.kv_a_proj_with_mqa.weight",
-                            m.kv_lora_rank + m.qk_rope_head_dim,
+                            "self_attn.g_proj.weight",
+                            m.heads * m.v_head_dim,
                             h,
-                        )?,
+                        )?)
+                    } else {
+                        None
+                    };
+                    let q_in = match &mut q {
+                        QPath::Low { a, .. } => a,
+                        QPath::Direct(p) => p,
+                    };
+                    let mut parts = vec![q_in, &mut kv_a];
+                    parts.extend(gate.as_mut());
+                    let xin = fuse(&gpu, &mut parts)?;
+                    Attn::Mla(Box::new(Mla {
+                        xin,
+                        q,
+                        kv_a,
                         kv_norm: vecf(&ld, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
                         kv_b: lin(
                             &ld,
@@ -317,16 +371,7 @@ impl CudaModel {
                             m.heads * (m.qk_nope_head_dim + m.v_head_dim),
                             m.kv_lora_rank,
                         )?,
-                        gate: if k3 {
-                            Some(lin(
-                                &ld,
-                                "self_attn.g_proj.weight",
-                                m.heads * m.v_head_dim,
-                                h,
-                            )?)
-                        } else {
-                            None
-                        },
+                        gate,
                         o: lin(&ld, "self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?,
                         heads: m.heads,
                         nope: m.qk_nope_head_dim,
@@ -347,7 +392,7 @@ impl CudaModel {
                             ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
                         );
                     }
-                    let (a_log, gate) = if k3 {
+                    let (a_log, mut gate) = if k3 {
                         let stored = ld.vector("self_attn.A_log", &[dim])?;
                         if heads > dim {
                             bail!(
@@ -367,14 +412,25 @@ impl CudaModel {
                             ),
                         )
                     };
+                    let mut q = lin(&ld, "self_attn.q_proj.weight", w, h)?;
+                    let mut k = lin(&ld, "self_attn.k_proj.weight", w, h)?;
+                    let mut v = lin(&ld, "self_attn.v_proj.weight", w, h)?;
+                    let mut f_a = lin(&ld, "self_attn.f_a_proj.weight", dim, h)?;
+                    let mut b = lin(&ld, "self_attn.b_proj.weight", heads, h)?;
+                    let g_in = match &mut gate {
+                        OutGate::Full(g) | OutGate::Low(g, _) => g,
+                    };
+                    // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
+                    let xin = fuse(&gpu, &mut [&mut q, &mut k, &mut v, &mut f_a, g_in, &mut b])?;
                     Attn::Kda(Box::new(Kda {
-                        q: lin(&ld, "self_attn.q_proj.weight", w, h)?,
-                        k: lin(&ld, "self_attn.k_proj.weight", w, h)?,
-                        v: lin(&ld, "self_attn.v_proj.weight", w, h)?,
+                        xin,
+                        q,
+                        k,
+                        v,
                         conv: gpu.upload(&conv)?,
-                        f_a: lin(&ld, "self_attn.f_a_proj.weight", dim, h)?,
+                        f_a,
                         f_b: lin(&ld, "self_attn.f_b_proj.weight", w, dim)?,
-                        b: lin(&ld, "self_attn.b_proj.weight", heads, h)?,
+                        b,
                         a_log: gpu.upload(&a_log)?,
                         dt_bias: vecf(&ld, "self_attn.dt_bias", &[w])?,
                         o_norm: vecf(&ld, "self_attn.o_norm.weight", &[dim])?,
@@ -400,7 +456,7 @@ impl CudaModel {
                     Ffn::Dense(mlp(&mut lin, &ld.sub("mlp."), cfg.dense_intermediate)?)
                 } else {
                     let m = &cfg.moe;
-                    let latent = match m.latent {
+                    let mut latent = match m.latent {
                         Some(w) => Some((
                             lin(&ld, "block_sparse_moe.routed_expert_down_proj.weight", w, h)?,
                             vecf(&ld, "block_sparse_moe.routed_expert_norm.weight", &[w])?,
@@ -408,9 +464,16 @@ impl CudaModel {
                         )),
                         None => None,
                     };
+                    let mut router = lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?;
+                    let xin = match &mut latent {
+                        Some((down, _, _)) => Some(fuse(&gpu, &mut [down, &mut router])?),
+                        None => None,
+                    };
                     Ffn::Moe(Box::new(Moe {
-                        router: lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?,
-                        bias: ld.vector(
+                        xin,
+                        router,
+                        bias: vecf(
+                            &ld,
                             "block_sparse_moe.gate.e_score_correction_bias",
                             &[m.num_experts],
                         )?,
@@ -482,7 +545,7 @@ impl CudaModel {
             staging,
             counters: CudaCounters::default(),
         };
-        let model = CudaModel {
+        let mut model = CudaModel {
             gpu,
             cfg,
             embed,
@@ -502,9 +565,11 @@ impl CudaModel {
             spine_bytes,
             slab_registered,
             held_cap,
+            direct: None,
         };
         if resident {
             model.preload().context("loading the experts into VRAM")?;
+            model.direct = Some(model.direct_tables()?);
         }
         Ok(model)
     }
@@ -625,7 +690,7 @@ impl CudaModel {
                 + m.heads * (pos + n)
                 + c.moe.num_experts
                 + 2 * lay.width
-                + c.moe.top_k * (lay.inter + lay.width + 4)
+                + c.moe.top_k * (lay.inter + lay.width + 8)
                 + c.moe.shared_width
                 + c.dense_intermediate
                 + c.vocab_size)
@@ -637,7 +702,7 @@ impl CudaModel {
         }
         arena.off.set(0);
         // Uploads: the tokens, then per MoE layer up to one wave per expert (slots, row offsets, rows: three
-        // 16-byte-rounded tables) and the combine's entries and weights.
+        // 16-byte-rounded tables) and the combine's entries.
         let e = c.moe.num_experts;
         let host_need = 16
             + 4 * n
@@ -662,6 +727,30 @@ impl CudaModel {
         Ok(y)
     }
 
+    /// `parts` times x, the parts fused back to back in `fused`: for one row a single matmul, whose output holds
+    /// the parts' outputs in order; otherwise one per part. Returns each part's output ([n][rows]).
+    fn mm_parts(
+        &self,
+        a: &Arena,
+        fused: &Lin,
+        parts: &[&Lin],
+        x: u64,
+        n: usize,
+    ) -> Result<Vec<u64>> {
+        if n > 1 {
+            return parts.iter().map(|p| self.mm(a, p, x, n)).collect();
+        }
+        let mut at = self.mm(a, fused, x, 1)?;
+        Ok(parts
+            .iter()
+            .map(|p| {
+                let o = at;
+                at += 4 * p.rows as u64;
+                o
+            })
+            .collect())
+    }
+
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
         // A warp per row; shared memory: eight 4 KB pieces, then the x rows of a tile of four.
         Launch::new(
@@ -671,7 +760,7 @@ impl CudaModel {
             256,
             (8 * 4096 + 4 * n.min(4) * w.cols) as u32,
         )
-        .p(w.buf.ptr)
+        .p(w.ptr)
         .p(x)
         .p(y)
         .i(w.rows)
@@ -728,8 +817,8 @@ impl CudaModel {
             256,
             0,
         )
-        .p(m.gate.buf.ptr)
-        .p(m.up.buf.ptr)
+        .p(m.gate.ptr)
+        .p(m.up.ptr)
         .p(x)
         .p(act)
         .i(m.gate.rows)
@@ -754,7 +843,7 @@ impl CudaModel {
         let tok = self.stage(a, tokens)?;
         let h = a.f32s(n * hd)?;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
-            .p(self.embed.buf.ptr)
+            .p(self.embed.ptr)
             .p(tok)
             .p(h)
             .i(n)
@@ -860,13 +949,14 @@ impl CudaModel {
     fn kda(&self, a: &Arena, k: &Kda, x: u64, n: usize, conv_state: u64, s: u64) -> Result<u64> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
-        let (q, kk, v) = (
-            self.mm(a, &k.q, x, n)?,
-            self.mm(a, &k.k, x, n)?,
-            self.mm(a, &k.v, x, n)?,
-        );
-        let beta = self.mm(a, &k.b, x, n)?;
-        let fa = self.mm(a, &k.f_a, x, n)?;
+        let y = self.mm_parts(
+            a,
+            &k.xin,
+            &[&k.q, &k.k, &k.v, &k.f_a, k.gate.first(), &k.b],
+            x,
+            n,
+        )?;
+        let (q, kk, v, fa, gate_in, beta) = (y[0], y[1], y[2], y[3], y[4], y[5]);
         let g = self.mm(a, &k.f_b, fa, n)?;
         Launch::new(
             &self.gpu,
@@ -887,11 +977,8 @@ impl CudaModel {
         .f(-5.0)
         .go()?;
         let gate = match &k.gate {
-            OutGate::Full(g) => self.mm(a, g, x, n)?,
-            OutGate::Low(ga, gb) => {
-                let t = self.mm(a, ga, x, n)?;
-                self.mm(a, gb, t, n)?
-            }
+            OutGate::Full(_) => gate_in,
+            OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
         Launch::new(
@@ -933,15 +1020,17 @@ impl CudaModel {
         pe: u64,
         pos: usize,
     ) -> Result<u64> {
+        let mut parts = vec![m.q.first(), &m.kv_a];
+        parts.extend(m.gate.as_ref());
+        let y = self.mm_parts(a, &m.xin, &parts, x, n)?;
         let q = match &m.q {
             QPath::Low { a: qa, norm, b } => {
-                let cq = self.mm(a, qa, x, n)?;
-                self.rms(cq, norm.ptr, cq, n, qa.rows, m.eps)?;
-                self.mm(a, b, cq, n)?
+                self.rms(y[0], norm.ptr, y[0], n, qa.rows, m.eps)?;
+                self.mm(a, b, y[0], n)?
             }
-            QPath::Direct(p) => self.mm(a, p, x, n)?,
+            QPath::Direct(_) => y[0],
         };
-        let c = self.mm(a, &m.kv_a, x, n)?;
+        let c = y[1];
         Launch::new(&self.gpu, "mla_append", (n as u32, 1), 128, 0)
             .p(c)
             .p(m.kv_norm.ptr)
@@ -965,7 +1054,7 @@ impl CudaModel {
             (2 * m.kvl * 4) as u32,
         )
         .p(q)
-        .p(m.kv_b.buf.ptr)
+        .p(m.kv_b.ptr)
         .p(lat)
         .p(pe)
         .p(p)
@@ -980,8 +1069,8 @@ impl CudaModel {
         .i(pos)
         .f(scale)
         .go()?;
-        if let Some(g) = &m.gate {
-            let gv = self.mm(a, g, x, n)?;
+        if m.gate.is_some() {
+            let gv = y[2];
             let len = n * m.heads * m.dv;
             Launch::new(
                 &self.gpu,
@@ -1030,35 +1119,118 @@ impl CudaModel {
     ) -> Result<u64> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
-        // Router logits on the device; the selection on the host, which needs the ids to schedule copies.
-        let logits_dev = self.mm(a, &m.router, x, n)?;
-        let logits: Vec<f32> = self.gpu.dtoh(logits_dev, n * e_count)?;
+        let lay = &self.layout;
+        // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
+        let (z, logits) = match (&m.latent, &m.xin) {
+            (Some((down, _, _)), Some(xin)) => {
+                let y = self.mm_parts(a, xin, &[down, &m.router], x, n)?;
+                (y[0], y[1])
+            }
+            _ => (x, self.mm(a, &m.router, x, n)?),
+        };
+        let ids = a.take(4 * n * top_k)?;
+        let wts = a.f32s(n * top_k)?;
+        // One resident row (decode): the selected records come from the device table, nothing goes to the
+        // host. Otherwise the host takes the ids, plans the copies and runs each chosen expert once per pass.
+        let direct = self.direct.as_ref().filter(|_| n == 1);
+        let (table, slots) = match direct {
+            Some(d) => (
+                d.table.ptr + (8 * layer * e_count) as u64,
+                a.take(8 * top_k)?,
+            ),
+            None => (0, 0),
+        };
+        Launch::new(
+            &self.gpu,
+            "moe_route",
+            (n as u32, 1),
+            128,
+            (4 * (3 * e_count + top_k)) as u32,
+        )
+        .p(logits)
+        .p(m.bias.ptr)
+        .i(e_count)
+        .i(top_k)
+        .i(mc.renormalize as usize)
+        .f(mc.routed_scaling_factor)
+        .p(ids)
+        .p(wts)
+        .p(table)
+        .p(slots)
+        .go()?;
+        let (entry, y, uses) = match direct {
+            Some(d) => {
+                let act = a.f32s(top_k * lay.inter)?;
+                let y = a.f32s(top_k * lay.width)?;
+                self.launch_experts(top_k, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
+                self.cache.lock().unwrap().counters.vram_hits += top_k as u64;
+                (d.seq.ptr, y, top_k)
+            }
+            None => self.routed_via_host(a, layer, ids, z, n, held)?,
+        };
+        stats.expert_uses.fetch_add(uses as u64, Ordering::Relaxed);
+        stats
+            .expert_bytes
+            .fetch_add((uses * lay.len) as u64, Ordering::Relaxed);
+        // acc = Σ w_i y_i per row, experts in ascending id order.
+        let acc = a.f32s(n * lay.width)?;
+        Launch::new(
+            &self.gpu,
+            "moe_combine",
+            (n as u32, lay.width.div_ceil(256) as u32),
+            256,
+            0,
+        )
+        .p(y)
+        .p(entry)
+        .p(wts)
+        .p(acc)
+        .i(n)
+        .i(top_k)
+        .i(lay.width)
+        .go()?;
+        let routed = match &m.latent {
+            Some((_, norm, up)) => {
+                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
+                self.mm(a, up, acc, n)?
+            }
+            None => acc,
+        };
+        let out = self.mlp(a, &m.shared, x, n)?;
+        self.add(out, routed, n * self.cfg.hidden)?;
+        Ok(out)
+    }
+
+    /// The routed experts with the selection `ids` ([n][top_k] on the device) brought to the host: each chosen
+    /// expert runs once for all its rows, resident ones at once, misses in waves as their copies arrive.
+    /// Returns the combine's entries ([n][top_k] indices into the outputs, on the device), the outputs, and
+    /// the number of experts used.
+    fn routed_via_host<'s>(
+        &'s self,
+        a: &Arena,
+        layer: usize,
+        ids: u64,
+        z: u64,
+        n: usize,
+        held: &mut Vec<RecordRef<'s>>,
+    ) -> Result<(u64, u64, usize)> {
+        let top_k = self.cfg.moe.top_k;
+        let ids: Vec<i32> = self.gpu.dtoh(ids, n * top_k)?;
         // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
         // move again.
         held.clear();
-        let routes: Vec<Route> = logits
-            .chunks(e_count)
-            .map(|row| {
-                select_experts(
-                    row,
-                    &m.bias,
-                    top_k,
-                    mc.renormalize,
-                    mc.routed_scaling_factor,
-                )
-            })
-            .collect();
-        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.ids.iter().copied()).collect();
+        let routes: Vec<&[i32]> = ids.chunks(top_k).collect();
+        let mut union: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
         union.sort_unstable();
         union.dedup();
         let lay = &self.layout;
-        let z = match &m.latent {
-            Some((down, _, _)) => self.mm(a, down, x, n)?,
-            None => x,
-        };
         let rows_of: Vec<Vec<usize>> = union
             .iter()
-            .map(|e| (0..n).filter(|&t| routes[t].ids.contains(e)).collect())
+            .map(|&e| {
+                (0..n)
+                    .filter(|&t| routes[t].contains(&(e as i32)))
+                    .collect()
+            })
             .collect();
         let mut cache = self.cache.lock().unwrap();
         let waves = plan_waves(&mut cache.plan, layer, &union);
@@ -1082,7 +1254,7 @@ impl CudaModel {
                 .iter()
                 .map(|&(u, s)| (u, slot_ptr(&cache, s)))
                 .collect();
-            self.launch_experts(a, &hits, &rows_of, &entry_of, z, act, y)?;
+            self.launch_group(a, &hits, &rows_of, &entry_of, z, act, y)?;
             if w.misses.is_empty() {
                 continue;
             }
@@ -1117,60 +1289,24 @@ impl CudaModel {
                 .iter()
                 .map(|&(u, s)| (u, slot_ptr(&cache, s)))
                 .collect();
-            self.launch_experts(a, &misses, &rows_of, &entry_of, z, act, y)?;
+            self.launch_group(a, &misses, &rows_of, &entry_of, z, act, y)?;
         }
         let hits: u64 = waves.iter().map(|w| w.hits.len() as u64).sum();
         cache.counters.vram_hits += hits;
         cache.counters.vram_misses += union.len() as u64 - hits;
         drop(cache);
-        stats
-            .expert_uses
-            .fetch_add(union.len() as u64, Ordering::Relaxed);
-        stats
-            .expert_bytes
-            .fetch_add((union.len() * lay.len) as u64, Ordering::Relaxed);
-        // acc = Σ w_i y_i per row, experts in ascending id order.
         let mut entry = Vec::with_capacity(n * top_k);
-        let mut wts = Vec::with_capacity(n * top_k);
         for (t, r) in routes.iter().enumerate() {
-            for (id, wt) in r.ids.iter().zip(&r.weights) {
-                let u = union.binary_search(id).expect("in the union");
+            for id in r.iter() {
+                let u = union.binary_search(&(*id as usize)).expect("in the union");
                 let j = rows_of[u]
                     .iter()
                     .position(|&x| x == t)
                     .expect("row chose it");
                 entry.push((entry_of[u] + j) as i32);
-                wts.push(*wt);
             }
         }
-        let entry_dev = self.stage(a, &entry)?;
-        let wts_dev = self.stage(a, &wts)?;
-        let acc = a.f32s(n * lay.width)?;
-        Launch::new(
-            &self.gpu,
-            "moe_combine",
-            (n as u32, lay.width.div_ceil(256) as u32),
-            256,
-            0,
-        )
-        .p(y)
-        .p(entry_dev)
-        .p(wts_dev)
-        .p(acc)
-        .i(n)
-        .i(top_k)
-        .i(lay.width)
-        .go()?;
-        let routed = match &m.latent {
-            Some((_, norm, up)) => {
-                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
-                self.mm(a, up, acc, n)?
-            }
-            None => acc,
-        };
-        let out = self.mlp(a, &m.shared, x, n)?;
-        self.add(out, routed, n * self.cfg.hidden)?;
-        Ok(out)
+        Ok((self.stage(a, &entry)?, y, union.len()))
     }
 
     /// Copies records `(expert, VRAM destination)` of `layer` from the store on the copy stream, in the order
@@ -1249,6 +1385,28 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The resident decode path's device tables (after `preload`: every expert has its slot for good).
+    fn direct_tables(&self) -> Result<Direct> {
+        let (e, k) = (self.cfg.moe.num_experts, self.cfg.moe.top_k);
+        let mut cache = self.cache.lock().unwrap();
+        let mut table = vec![0u64; self.cfg.num_layers * e];
+        for layer in (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l)) {
+            for id in 0..e {
+                let s = cache
+                    .plan
+                    .lookup((layer, id))
+                    .context("internal: a preloaded expert has no slot")?;
+                table[layer * e + id] = cache.slots.ptr + (s * cache.slot_len) as u64;
+            }
+        }
+        cache.plan.unpin_all();
+        Ok(Direct {
+            table: self.gpu.upload(&table)?,
+            seq: self.gpu.upload(&(0..=k as i32).collect::<Vec<_>>())?,
+            row0: self.gpu.upload(&vec![0i32; k])?,
+        })
+    }
+
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
     fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
         let bytes = std::mem::size_of_val(v);
@@ -1273,8 +1431,9 @@ impl CudaModel {
         Ok(dst)
     }
 
+    /// Stages one group's tables (record pointers, row offsets, rows) and launches its experts.
     #[allow(clippy::too_many_arguments)]
-    fn launch_experts(
+    fn launch_group(
         &self,
         a: &Arena,
         group: &[(usize, u64)],
@@ -1301,8 +1460,33 @@ impl CudaModel {
         let slots_dev = self.stage(a, &slots)?;
         let off_dev = self.stage(a, &row_off)?;
         let rows_dev = self.stage(a, &rows)?;
+        self.launch_experts(
+            group.len(),
+            slots_dev,
+            off_dev,
+            rows_dev,
+            z,
+            act + (4 * first * lay.inter) as u64,
+            y + (4 * first * lay.width) as u64,
+        )
+    }
+
+    /// `g` experts from device tables: `slots[u]` its record, entries `row_off[u]..row_off[u+1]` its rows of z
+    /// (`rows[entry]`); entry e's activations and outputs at row e of `act` and `y`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_experts(
+        &self,
+        g: usize,
+        slots: u64,
+        row_off: u64,
+        rows: u64,
+        z: u64,
+        act: u64,
+        y: u64,
+    ) -> Result<()> {
+        let lay = &self.layout;
         let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
-        let g = group.len() as u32;
+        let g = g as u32;
         // A thread per row: two per intermediate row (gate, up) in expert_up, one per output row in expert_down.
         // Shared memory: four warps' double-buffered tiles, then the x row.
         const TILES: usize = 4 * 2 * 32 * 9 * 16;
@@ -1313,11 +1497,11 @@ impl CudaModel {
             128,
             (TILES + 4 * lay.width) as u32,
         )
-        .p(slots_dev)
-        .p(off_dev)
-        .p(rows_dev)
+        .p(slots)
+        .p(row_off)
+        .p(rows)
         .p(z)
-        .p(act + (4 * first * lay.inter) as u64)
+        .p(act)
         .i(lay.width)
         .i(lay.inter)
         .i(enc)
@@ -1331,10 +1515,10 @@ impl CudaModel {
             128,
             (TILES + 4 * lay.inter) as u32,
         )
-        .p(slots_dev)
-        .p(off_dev)
-        .p(act + (4 * first * lay.inter) as u64)
-        .p(y + (4 * first * lay.width) as u64)
+        .p(slots)
+        .p(row_off)
+        .p(act)
+        .p(y)
         .i(lay.width)
         .i(lay.inter)
         .i(enc)
@@ -1349,8 +1533,39 @@ fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Resul
         bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
     }
     let l = ld.linear(name, rows, cols)?;
+    let mem = Arc::new(gpu.upload(&l.data)?);
     Ok(Lin {
-        buf: gpu.upload(&l.data)?,
+        ptr: mem.ptr,
+        _mem: mem,
+        rows,
+        cols,
+    })
+}
+
+/// Moves matrices that multiply the same input into one allocation, back to back in the order given (each
+/// part then points into it): a one-row pass runs them as one matmul (`mm_parts`). Every part's rows are whole
+/// 32-element blocks, so each part starts 64-byte aligned.
+fn fuse(gpu: &Gpu, parts: &mut [&mut Lin]) -> Result<Lin> {
+    let cols = parts[0].cols;
+    let rows: usize = parts.iter().map(|p| p.rows).sum();
+    let mem = Arc::new(gpu.alloc(2 * rows * cols)?);
+    let mut at = mem.ptr;
+    let mut placed = Vec::with_capacity(parts.len());
+    for p in parts.iter() {
+        assert_eq!(p.cols, cols, "fused matrices share their input");
+        gpu.dtod(at, p.ptr, 2 * p.rows * cols)?;
+        placed.push(at);
+        at += (2 * p.rows * cols) as u64;
+    }
+    // The parts' own allocations are freed below.
+    gpu.stream.synchronize().map_err(|e| anyhow!("{e:?}"))?;
+    for (p, at) in parts.iter_mut().zip(placed) {
+        p._mem = mem.clone();
+        p.ptr = at;
+    }
+    Ok(Lin {
+        ptr: mem.ptr,
+        _mem: mem,
         rows,
         cols,
     })
@@ -1399,29 +1614,4 @@ fn open_store(
     };
     let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
     Ok((Arc::new(store), layout))
-}
-
-/// noaux_tc selection from one row of router logits, as `deltafin_models::moe::Router::route` does it (the
-/// CPU router computes its logits itself, so its selection step is not callable on logits alone).
-pub fn select_experts(
-    logits: &[f32],
-    bias: &[f32],
-    top_k: usize,
-    renormalize: bool,
-    scale: f32,
-) -> Route {
-    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    let choice = |i: usize| scores[i] + bias[i];
-    order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
-    let mut ids = order[..top_k].to_vec();
-    ids.sort_unstable();
-    let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
-    let denom = if renormalize {
-        picked.iter().sum::<f32>() + 1e-20
-    } else {
-        1.0
-    };
-    let weights = picked.iter().map(|s| s / denom * scale).collect();
-    Route { ids, weights }
 }
