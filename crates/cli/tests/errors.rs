@@ -136,6 +136,23 @@ fn truncated_shard_is_reported() {
 }
 
 #[test]
+fn a_git_lfs_pointer_instead_of_a_shard_is_named() {
+    let t = tiny(Arch::KimiK3, 0);
+    let m = model_dir(&t);
+    let shard = shard_of(&m, EMBED);
+    std::fs::write(
+        &shard,
+        "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 5368709120\n",
+    )
+    .unwrap();
+    let e = run_err(&m, "1,2");
+    assert!(
+        e.contains("Git LFS pointer") && e.contains("git lfs pull"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_json_and_unknown_model_type_are_reported() {
     let t = tiny(Arch::KimiK3, 0);
     let m = model_dir(&t);

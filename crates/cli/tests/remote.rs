@@ -452,6 +452,21 @@ fn without_a_manifest_the_mirror_works_and_says_it_is_unverified() {
     // An ordinary checkpoint is never turned into a mirror.
     let err = run_fails(&model_dir(&src), &["--remote", server.url()]);
     assert!(err.contains("not a mirror"), "{err}");
+    // A repository served without LFS: pointer files where the shards should be.
+    let lfs = tiny(Arch::KimiK3, 11);
+    for entry in std::fs::read_dir(model_dir(&lfs)).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            std::fs::write(
+                &p,
+                "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 9\n",
+            )
+            .unwrap();
+        }
+    }
+    let lfs_server = Server::start(&model_dir(&lfs));
+    let err = run_fails(&fresh(&t, "lfs"), &["--remote", lfs_server.url()]);
+    assert!(err.contains("Git LFS pointer"), "{err}");
     // A URL that is not a repository.
     let err = run_fails(
         &fresh(&t, "x"),

@@ -187,11 +187,20 @@ impl Checkpoint {
     }
 }
 
+/// How a Git LFS pointer file starts: what a clone without LFS leaves where the weights should be.
+pub const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/v1";
+
 fn read_header(path: &Path, file: &File, shard: usize) -> Result<Vec<TensorInfo>> {
     // SAFETY: the map is read-only and only the header pages are touched; a concurrent truncation by another
     // process is outside what any reader can defend against and would fault, not corrupt.
     let map = unsafe { memmap2::Mmap::map(file) }
         .with_context(|| format!("cannot map {}", path.display()))?;
+    if map.starts_with(LFS_POINTER) {
+        bail!(
+            "{} is a Git LFS pointer, not the weights (the repository was cloned without LFS); run `git lfs pull` there, or mirror the repository with `deltafin fetch --from URL`",
+            path.display()
+        );
+    }
     let (header_len, metadata) = match SafeTensors::read_metadata(&map) {
         Ok(ok) => ok,
         Err(SafeTensorError::MetadataIncompleteBuffer) => bail!(

@@ -231,6 +231,12 @@ pub fn create(dir: &Path, source: &Source) -> Result<()> {
             }
             None => {
                 let head = source.range(&s.name, 0, 8, s.size, &|_| Ok(()))?;
+                if deltafin_formats::checkpoint::LFS_POINTER.starts_with(&head) {
+                    bail!(
+                        "{} is a Git LFS pointer, not the weights; give the repository's download URL (on Hugging Face: https://huggingface.co/ORG/NAME, which resolves files)",
+                        source.url(&s.name)
+                    );
+                }
                 let hlen = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
                 if hlen > MAX_HEADER || 8 + hlen > s.size {
                     bail!(
