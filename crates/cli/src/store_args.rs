@@ -37,7 +37,8 @@ pub struct StoreArgs {
     #[arg(long, default_value = "pool")]
     pub io_engine: deltafin_store::io::Backend,
     /// Memory for all weights (e.g. 48G). Spine layers beyond it are read from disk on every pass,
-    /// double-buffered. Default: no limit (the whole spine stays resident).
+    /// double-buffered. Default: no limit (the whole spine stays resident), unless the spine and the expert
+    /// cache would not fit in available memory — then 85% of it.
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     #[command(flatten)]
@@ -159,9 +160,30 @@ pub fn bytes_bar(what: &str) -> ProgressBar {
 impl StoreArgs {
     /// How to open the model in `model`: a mirror is opened (and its spine completed) here.
     pub fn load_options(&self, model: &Path) -> Result<LoadOptions> {
-        let memory_budget = self.memory_budget.as_deref().map(parse_size).transpose()?;
-        let cache_bytes = match (&self.expert_cache, memory_budget) {
-            (Some(s), _) => parse_size(s)?,
+        let backfill = self
+            .remote
+            .mirror(model)?
+            .map(|m| Arc::new(m) as Arc<dyn deltafin_store::Backfill>);
+        let explicit_cache = self.expert_cache.as_deref().map(parse_size).transpose()?;
+        let memory_budget = match self.memory_budget.as_deref().map(parse_size).transpose()? {
+            Some(b) => Some(b),
+            None => {
+                let cache = explicit_cache.unwrap_or(physical_memory().unwrap_or(0) / 4);
+                let auto = resident_weight_bytes(model)
+                    .zip(meminfo("MemAvailable:"))
+                    .and_then(|(spine, avail)| auto_budget(spine, cache, avail));
+                if let Some(b) = auto {
+                    eprintln!(
+                        "note: the spine of {} and the expert cache would not fit in available memory; streaming spine layers from disk under a memory budget of {:.1} GB (choose one with --memory-budget)",
+                        model.display(),
+                        b as f64 / 1e9
+                    );
+                }
+                auto
+            }
+        };
+        let cache_bytes = match (explicit_cache, memory_budget) {
+            (Some(c), _) => c,
             // Under a budget the expert cache takes a quarter of it, the spine the rest.
             (None, Some(b)) => b / 4,
             (None, None) => physical_memory().unwrap_or(0) / 4,
@@ -181,10 +203,7 @@ impl StoreArgs {
             },
             pack: self.pack.clone(),
             memory_budget,
-            backfill: self
-                .remote
-                .mirror(model)?
-                .map(|m| Arc::new(m) as Arc<dyn deltafin_store::Backfill>),
+            backfill,
         })
     }
 }
@@ -235,15 +254,50 @@ pub fn parse_size(s: &str) -> Result<u64> {
 
 /// MemTotal from /proc/meminfo.
 pub fn physical_memory() -> Option<u64> {
+    meminfo("MemTotal:")
+}
+
+/// A /proc/meminfo field in bytes.
+fn meminfo(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Bytes of every tensor but the routed experts (what stays resident without a budget); `None` when the
+/// directory is not a readable checkpoint (loading then says why).
+fn resident_weight_bytes(model: &Path) -> Option<u64> {
+    let ck = deltafin_formats::checkpoint::Checkpoint::open(model).ok()?;
+    Some(
+        ck.tensors()
+            .filter(|t| !t.name.contains(".experts."))
+            .map(|t| t.nbytes)
+            .sum(),
+    )
+}
+
+/// Without --memory-budget, a spine and cache that would not fit in 90% of available memory get a budget of
+/// 85% of it (spine layers beyond it stream from disk) instead of an out-of-memory kill.
+fn auto_budget(spine: u64, cache: u64, available: u64) -> Option<u64> {
+    (spine + cache > available / 10 * 9).then_some(available / 100 * 85)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spine_that_does_not_fit_gets_a_budget() {
+        const G: u64 = 1 << 30;
+        assert_eq!(auto_budget(10 * G, 4 * G, 64 * G), None);
+        // K3 on a 64 GB machine: 115 GB of spine.
+        assert_eq!(
+            auto_budget(115 * G, 16 * G, 60 * G),
+            Some(60 * G / 100 * 85)
+        );
+        assert_eq!(auto_budget(50 * G, 10 * G, 64 * G), Some(64 * G / 100 * 85));
+    }
 
     #[test]
     fn sizes_parse_with_units_and_reject_garbage() {
