@@ -171,7 +171,7 @@ impl Generation {
     }
 
     /// Like [`Self::step`], but once the prompt is consumed each step chooses the next token, lets `draft`
-    /// guess up to `draft.k` more, and checks them all with one multi-row pass of `model`. Every token is
+    /// guess up to `draft.k` more (fewer while guesses keep failing), and checks them all with one multi-row pass of `model`. Every token is
     /// still chosen by this generation's sampler from `model`'s logits for exactly the same history, and
     /// a pass's rows equal single-token passes bit for bit, so the tokens and logits handed out are exactly
     /// those of [`Self::step`] — the drafter only decides how many come out of one pass.
@@ -184,7 +184,7 @@ impl Generation {
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
         let room = self.max_new.saturating_sub(self.tokens.len() + 1);
-        if self.finish.is_some() || self.last.is_none() || room == 0 || draft.k == 0 {
+        if self.finish.is_some() || self.last.is_none() || room == 0 || !draft.speculate() {
             return self.step(model, stats, prefill_chunk, on_token);
         }
         let t0 = Instant::now();
@@ -197,7 +197,7 @@ impl Generation {
             self.decode_secs += t0.elapsed().as_secs_f64();
             return Ok(self.finish);
         }
-        let guesses = draft.guess(&self.history, first, draft.k.min(room))?;
+        let guesses = draft.guess(&self.history, first, draft.len().min(room))?;
         let before = self.session.clone();
         let mut pass = vec![first];
         pass.extend_from_slice(&guesses);
@@ -220,6 +220,7 @@ impl Generation {
             fed.push(guess);
         }
         draft.passes += 1;
+        draft.adapt(fed.len() - 1, guesses.len());
         if self.finish.is_none() && fed.len() == pass.len() {
             // Every guess was taken: the pass left the session exactly where the history now ends.
             self.last = Some(row(fed.len() - 1).to_vec());

@@ -6,6 +6,9 @@ use crate::sampler::argmax;
 use anyhow::{bail, Result};
 use deltafin_models::{LogitRows, Model, Session, Stats};
 
+/// Plain steps after guesses of a single token kept failing.
+const PAUSE_STEPS: usize = 8;
+
 pub struct Draft<'m> {
     model: &'m Model,
     session: Session,
@@ -20,6 +23,10 @@ pub struct Draft<'m> {
     pub passes: u64,
     /// Target passes that re-ran the taken tokens after a guess was refused.
     pub reruns: u64,
+    /// Guesses to make next time: grows while all are taken, shrinks while none is.
+    len: usize,
+    /// Plain steps left before guessing again, after guesses of one token kept failing.
+    pause: usize,
     pub stats: Stats,
 }
 
@@ -38,6 +45,8 @@ impl<'m> Draft<'m> {
             accepted: 0,
             passes: 0,
             reruns: 0,
+            len: k,
+            pause: 0,
             stats: Stats::default(),
         })
     }
@@ -45,6 +54,35 @@ impl<'m> Draft<'m> {
     /// Fraction of guesses the target took.
     pub fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.proposed.max(1) as f64
+    }
+
+    /// Whether the next step should guess (and counts down a pause if not).
+    pub(crate) fn speculate(&mut self) -> bool {
+        if self.k == 0 {
+            return false;
+        }
+        if self.pause > 0 {
+            self.pause -= 1;
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// After a pass took `taken` of `made` guesses: a drafter that keeps missing costs a re-run each time
+    /// without saving a pass, so guess fewer, and after a miss at one guess, pause for a few plain steps.
+    pub(crate) fn adapt(&mut self, taken: usize, made: usize) {
+        if taken == made {
+            self.len = (self.len + 1).min(self.k);
+        } else if taken == 0 {
+            if self.len == 1 {
+                self.pause = PAUSE_STEPS;
+            }
+            self.len = (self.len - 1).max(1);
+        }
     }
 
     /// Greedy guesses of the `n` tokens after `history` and `first`.
