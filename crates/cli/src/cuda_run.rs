@@ -23,6 +23,11 @@ pub struct DeviceArgs {
     /// Experts beyond it stream from host memory (the RAM expert cache, then disk) over PCIe.
     #[arg(long, value_name = "SIZE")]
     pub expert_vram: Option<String>,
+    /// With --device cuda: VRAM for the spine's layers, e.g. 8G (default: every layer, or free VRAM less
+    /// 4 GiB). Layers beyond it stay in page-locked host memory and are copied in one layer ahead of compute,
+    /// through two buffers of the largest layer's size that count against it (0 streams every layer).
+    #[arg(long, value_name = "SIZE")]
+    pub spine_vram: Option<String>,
     /// With --device cuda: first measure the raw pinned host-to-device and device-to-device copy bandwidths.
     #[arg(long)]
     pub probe_bandwidth: bool,
@@ -37,6 +42,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         ordinal,
         expert_vram: dev
             .expert_vram
+            .as_deref()
+            .map(crate::store_args::parse_size)
+            .transpose()?,
+        spine_vram: dev
+            .spine_vram
             .as_deref()
             .map(crate::store_args::parse_size)
             .transpose()?,
@@ -85,6 +95,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     };
     let logits = model.forward(&mut session, &prompt, rows, &stats)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
+    let after_prefill = model.counters();
     let mut dumped = if dump { logits.clone() } else { Vec::new() };
     let mut last = logits[logits.len() - vocab..].to_vec();
     let stop: Vec<u32> = if args.ignore_eos {
@@ -132,7 +143,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     let mut sorted = step_secs.clone();
     let med = deltafin_cuda::probe::median(&mut sorted);
     eprintln!(
-        "[cuda] {} | load {load_secs:.2}s | prefill {} tok {prefill_secs:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token",
+        "[cuda] {} | load {load_secs:.2}s | prefill {} tok {prefill_secs:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
         model.device_name(),
         prompt.len(),
         step_secs.len(),
@@ -153,6 +164,11 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
         half_h2d as f64 / half_secs.max(1e-12) / 1e9,
         model.spine_bytes_per_token() as f64 / 1e6,
         stats.bytes() as f64 / 1e6 / (prompt.len() + step_secs.len()) as f64,
+        model.spine_layers_streamed(),
+        cfg.num_layers,
+        (c.spine_h2d_bytes - after_prefill.spine_h2d_bytes) as f64
+            / 1e6
+            / step_secs.len().max(1) as f64,
     );
     Ok(())
 }

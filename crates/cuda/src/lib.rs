@@ -5,7 +5,8 @@
 //! - Kernels are CUDA C (`kernels.cu`) compiled by NVRTC for the GPU in hand. Every dot product follows the
 //!   CPU kernels' 32-lane order (32 accumulators per output, held by one thread, four or a warp), so a row's
 //!   result never depends on its batch.
-//! - Memory is one hierarchy: the spine resident in VRAM; routed experts in a VRAM slot cache with a budget
+//! - Memory is one hierarchy: the spine resident in VRAM (layers beyond `--spine-vram` copied in one layer
+//!   ahead of compute from page-locked host memory); routed experts in a VRAM slot cache with a budget
 //!   (filled at load when it holds them all), else filled from the CPU-side [`deltafin_store::ExpertStore`]
 //!   (RAM cache ← disk), copied straight from its page-locked slab on their own stream while resident experts
 //!   compute.

@@ -1,19 +1,20 @@
-//! Both families on the GPU, in the order of the CPU code (crates/models): the spine resident in VRAM, routed
-//! experts in a VRAM slot cache fed from the CPU-side expert store (by DMA from its page-locked slab).
+//! Both families on the GPU, in the order of the CPU code (crates/models): the spine in VRAM (layers beyond
+//! its budget streamed from page-locked host memory, one layer ahead), routed experts in a VRAM slot cache fed
+//! from the CPU-side expert store (by DMA from its page-locked slab).
 
 use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
-use crate::plan::{plan_waves, Ring, SlotCache};
+use crate::plan::{plan_spine, plan_waves, Ring, SlotCache};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_models::weights::Loader;
+use deltafin_models::weights::{Linear, Loader};
 use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Options of the CUDA backend.
@@ -22,6 +23,9 @@ pub struct CudaOptions {
     pub ordinal: usize,
     /// VRAM for routed experts; default: every expert of the model, or what fits in free memory less 4 GiB.
     pub expert_vram: Option<u64>,
+    /// VRAM for the spine's layers (the two streaming buffers count against it when any layer streams);
+    /// default: every layer, or what fits in free memory less 4 GiB.
+    pub spine_vram: Option<u64>,
 }
 
 /// What the expert path did on the device (cumulative).
@@ -30,17 +34,107 @@ pub struct CudaCounters {
     pub vram_hits: u64,
     pub vram_misses: u64,
     pub h2d_bytes: u64,
+    /// Bytes of streamed spine layers copied to the device.
+    pub spine_h2d_bytes: u64,
     /// Host time spent getting records from the store and issuing their copies (including the staging memcpy
     /// where the store's slab is not page-locked).
     pub stage_secs: f64,
 }
 
+/// Where a block of spine tensors (a layer, or the embeddings and head) lies in VRAM: its own allocation or a
+/// streaming buffer, known only once every layer's size is (the plan needs them all), after its tensors were
+/// laid out.
+type Base = Arc<OnceLock<u64>>;
+
+/// A spine tensor: its offset in its block.
+struct At {
+    base: Base,
+    off: u64,
+}
+
+impl At {
+    fn ptr(&self) -> u64 {
+        self.base.get().expect("every block is placed at load") + self.off
+    }
+}
+
 struct Lin {
-    /// The allocation, shared by the parts of a fused matrix (`fuse`).
-    _mem: Arc<DevBuf>,
-    ptr: u64,
+    at: At,
     rows: usize,
     cols: usize,
+}
+
+impl Lin {
+    fn ptr(&self) -> u64 {
+        self.at.ptr()
+    }
+}
+
+/// A block's image in host memory, each tensor 256-byte aligned (as a VRAM allocation of its own would be).
+struct Block {
+    bytes: Vec<u8>,
+    base: Base,
+    /// BF16 matrix bytes, all read once per token.
+    matrix_bytes: u64,
+}
+
+impl Block {
+    fn new() -> Block {
+        Block {
+            bytes: Vec::new(),
+            base: Arc::default(),
+            matrix_bytes: 0,
+        }
+    }
+
+    fn put(&mut self, data: &[u8]) -> At {
+        let off = self.bytes.len().next_multiple_of(256);
+        self.bytes.resize(off, 0);
+        self.bytes.extend_from_slice(data);
+        At {
+            base: self.base.clone(),
+            off: off as u64,
+        }
+    }
+
+    fn vector(&mut self, v: &[f32]) -> At {
+        self.put(as_bytes(v))
+    }
+
+    fn lin(&mut self, m: Linear) -> Lin {
+        let (_, mut parts) = self.fuse(vec![m]);
+        parts.pop().expect("one part")
+    }
+
+    /// Matrices that multiply the same input, back to back in the order given: a one-row pass runs them as one
+    /// matmul (`mm_parts`). Returns the fused matrix and each part. Every part's rows are whole 32-element
+    /// blocks, so each part starts 64-byte aligned.
+    fn fuse(&mut self, parts: Vec<Linear>) -> (Lin, Vec<Lin>) {
+        let cols = parts[0].cols;
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let at = self.put(&[]);
+        let mut placed = Vec::with_capacity(parts.len());
+        for p in parts {
+            assert_eq!(p.cols, cols, "fused matrices share their input");
+            self.matrix_bytes += p.bytes() as u64;
+            placed.push(Lin {
+                at: At {
+                    base: self.base.clone(),
+                    off: self.bytes.len() as u64,
+                },
+                rows: p.rows,
+                cols,
+            });
+            self.bytes.extend_from_slice(as_bytes(&p.data));
+        }
+        (Lin { at, rows, cols }, placed)
+    }
+}
+
+/// Plain values (f32, u16) as their bytes.
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: any initialised plain value is readable as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
 enum OutGate {
@@ -54,13 +148,13 @@ struct Kda {
     q: Lin,
     k: Lin,
     v: Lin,
-    conv: DevBuf,
+    conv: At,
     f_a: Lin,
     f_b: Lin,
     b: Lin,
-    a_log: DevBuf,
-    dt_bias: DevBuf,
-    o_norm: DevBuf,
+    a_log: At,
+    dt_bias: At,
+    o_norm: At,
     gate: OutGate,
     o: Lin,
     heads: usize,
@@ -71,7 +165,7 @@ struct Kda {
 }
 
 enum QPath {
-    Low { a: Lin, norm: DevBuf, b: Lin },
+    Low { a: Lin, norm: At, b: Lin },
     Direct(Lin),
 }
 
@@ -98,7 +192,7 @@ struct Mla {
     xin: Lin,
     q: QPath,
     kv_a: Lin,
-    kv_norm: DevBuf,
+    kv_norm: At,
     kv_b: Lin,
     gate: Option<Lin>,
     o: Lin,
@@ -125,8 +219,8 @@ struct Moe {
     /// K3: the latent down projection and the router, fused (`fuse`), in that order.
     xin: Option<Lin>,
     router: Lin,
-    bias: DevBuf,
-    latent: Option<(Lin, DevBuf, Lin)>,
+    bias: At,
+    latent: Option<(Lin, At, Lin)>,
     shared: Mlp,
 }
 
@@ -136,11 +230,11 @@ enum Ffn {
 }
 
 struct Layer {
-    attn_res: Option<DevBuf>,
-    input_norm: DevBuf,
+    attn_res: Option<At>,
+    input_norm: At,
     attn: Attn,
-    mlp_res: Option<DevBuf>,
-    post_norm: DevBuf,
+    mlp_res: Option<At>,
+    post_norm: At,
     ffn: Ffn,
 }
 
@@ -202,9 +296,12 @@ pub struct CudaModel {
     cfg: ModelConfig,
     embed: Lin,
     layers: Vec<Layer>,
-    out_res: Option<DevBuf>,
-    norm: DevBuf,
+    out_res: Option<At>,
+    norm: At,
     lm_head: Lin,
+    /// The resident blocks' VRAM (the embeddings and head, and each resident layer).
+    _spine: Vec<DevBuf>,
+    streamed: Option<Streamed>,
     store: Arc<ExpertStore>,
     layout: RecordLayout,
     cache: Mutex<ExpertCache>,
@@ -225,6 +322,23 @@ struct Direct {
     table: DevBuf,
     seq: DevBuf,
     row0: DevBuf,
+}
+
+/// The spine layers that stream: their images in page-locked host memory, each copied into one of two VRAM
+/// buffers one layer ahead of compute. The j-th streamed layer always uses buffer j % 2, so its tensors'
+/// addresses are fixed at load and the kernels read the same bytes as from a resident layer.
+struct Streamed {
+    host: Pinned,
+    /// Per streamed layer in order: (layer, offset and length of its image in `host`).
+    images: Vec<(usize, usize, usize)>,
+    /// Per layer: its index in `images`, if it streams.
+    index: Vec<Option<usize>>,
+    /// Two, or one when a single layer streams.
+    bufs: Vec<DevBuf>,
+    /// Per buffer: its copy has landed (compute waits on it); its layer's kernels are done (the next copy into
+    /// it waits on that).
+    copied: [CudaEvent; 2],
+    freed: [CudaEvent; 2],
 }
 
 /// One sequence's device state.
@@ -295,84 +409,80 @@ impl CudaModel {
         let prefix = layer_prefix(cfg.family);
         let k3 = cfg.family == Family::KimiK3;
         let root = Loader::new(&ck, prefix);
-        let mut spine_bytes = 0u64;
-        let mut lin = |ld: &Loader, name: &str, rows: usize, cols: usize| -> Result<Lin> {
-            let l = ld_lin(&gpu, ld, name, rows, cols)?;
-            spine_bytes += 2 * (rows * cols) as u64;
-            Ok(l)
-        };
-        let vecf = |ld: &Loader, name: &str, shape: &[usize]| -> Result<DevBuf> {
-            gpu.upload(&ld.vector(name, shape)?)
-        };
         let h = cfg.hidden;
+        // Each layer's tensors are laid out in a host image first: where it goes (VRAM of its own, or a
+        // streaming buffer) depends on every layer's size.
         let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut blocks = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let ld = root.sub(&format!("layers.{l}."));
+            let mut b = Block::new();
+            let mat = |name: &str, rows: usize, cols: usize| ld_mat(&ld, name, rows, cols);
             let layer = (|| -> Result<Layer> {
-                let res = |n: &str, p: &str| -> Result<Option<DevBuf>> {
+                let b = &mut b;
+                let vecf = |b: &mut Block, name: &str, shape: &[usize]| -> Result<At> {
+                    Ok(b.vector(&ld.vector(name, shape)?))
+                };
+                let res = |b: &mut Block, n: &str, p: &str| -> Result<Option<At>> {
                     if k3 {
-                        Ok(Some(gpu.upload(&ld.res_score(n, p, h)?)?))
+                        Ok(Some(b.vector(&ld.res_score(n, p, h)?)))
                     } else {
                         Ok(None)
                     }
                 };
                 let attn_res = res(
+                    b,
                     "self_attention_res_norm.weight",
                     "self_attention_res_proj.weight",
                 )?;
-                let mlp_res = res("mlp_res_norm.weight", "mlp_res_proj.weight")?;
+                let mlp_res = res(b, "mlp_res_norm.weight", "mlp_res_proj.weight")?;
                 let attn = if cfg.is_mla[l] {
                     let m = &cfg.mla;
                     let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
-                    let mut q = match m.q_lora_rank {
-                        Some(r) => QPath::Low {
-                            a: lin(&ld, "self_attn.q_a_proj.weight", r, h)?,
-                            norm: vecf(&ld, "self_attn.q_a_layernorm.weight", &[r])?,
-                            b: lin(&ld, "self_attn.q_b_proj.weight", m.heads * qd, r)?,
-                        },
-                        None => {
-                            QPath::Direct(lin(&ld, "self_attn.q_proj.weight", m.heads * qd, h)?)
-                        }
-                    };
                     if m.kv_lora_rank % 32 != 0 {
                         bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
                     }
-                    let mut kv_a = lin(
-                        &ld,
-                        "self_attn.kv_a_proj_with_mqa.weight",
-                        m.kv_lora_rank + m.qk_rope_head_dim,
-                        h,
-                    )?;
-                    let mut gate = if k3 {
-                        Some(lin(
-                            &ld,
-                            "self_attn.g_proj.weight",
-                            m.heads * m.v_head_dim,
+                    let mut parts = vec![
+                        match m.q_lora_rank {
+                            Some(r) => mat("self_attn.q_a_proj.weight", r, h)?,
+                            None => mat("self_attn.q_proj.weight", m.heads * qd, h)?,
+                        },
+                        mat(
+                            "self_attn.kv_a_proj_with_mqa.weight",
+                            m.kv_lora_rank + m.qk_rope_head_dim,
                             h,
-                        )?)
-                    } else {
-                        None
+                        )?,
+                    ];
+                    if k3 {
+                        parts.push(mat("self_attn.g_proj.weight", m.heads * m.v_head_dim, h)?);
+                    }
+                    let (xin, parts) = b.fuse(parts);
+                    let mut parts = parts.into_iter();
+                    let (q_in, kv_a, gate) = (
+                        parts.next().expect("q"),
+                        parts.next().expect("kv_a"),
+                        parts.next(),
+                    );
+                    let q = match m.q_lora_rank {
+                        Some(r) => QPath::Low {
+                            a: q_in,
+                            norm: vecf(b, "self_attn.q_a_layernorm.weight", &[r])?,
+                            b: b.lin(mat("self_attn.q_b_proj.weight", m.heads * qd, r)?),
+                        },
+                        None => QPath::Direct(q_in),
                     };
-                    let q_in = match &mut q {
-                        QPath::Low { a, .. } => a,
-                        QPath::Direct(p) => p,
-                    };
-                    let mut parts = vec![q_in, &mut kv_a];
-                    parts.extend(gate.as_mut());
-                    let xin = fuse(&gpu, &mut parts)?;
                     Attn::Mla(Box::new(Mla {
                         xin,
                         q,
                         kv_a,
-                        kv_norm: vecf(&ld, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
-                        kv_b: lin(
-                            &ld,
+                        kv_norm: vecf(b, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
+                        kv_b: b.lin(mat(
                             "self_attn.kv_b_proj.weight",
                             m.heads * (m.qk_nope_head_dim + m.v_head_dim),
                             m.kv_lora_rank,
-                        )?,
+                        )?),
                         gate,
-                        o: lin(&ld, "self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?,
+                        o: b.lin(mat("self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?),
                         heads: m.heads,
                         nope: m.qk_nope_head_dim,
                         rope: m.qk_rope_head_dim,
@@ -392,123 +502,134 @@ impl CudaModel {
                             ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
                         );
                     }
-                    let (a_log, mut gate) = if k3 {
+                    let a_log = if k3 {
                         let stored = ld.vector("self_attn.A_log", &[dim])?;
                         if heads > dim {
                             bail!(
                                 "K3 stores A_log with {dim} entries, fewer than the {heads} heads"
                             );
                         }
-                        (
-                            stored[..heads].to_vec(),
-                            OutGate::Full(lin(&ld, "self_attn.g_proj.weight", w, h)?),
-                        )
+                        stored[..heads].to_vec()
                     } else {
-                        (
-                            ld.vector("self_attn.A_log", &[1, 1, heads, 1])?,
-                            OutGate::Low(
-                                lin(&ld, "self_attn.g_a_proj.weight", dim, h)?,
-                                lin(&ld, "self_attn.g_b_proj.weight", w, dim)?,
-                            ),
-                        )
+                        ld.vector("self_attn.A_log", &[1, 1, heads, 1])?
                     };
-                    let mut q = lin(&ld, "self_attn.q_proj.weight", w, h)?;
-                    let mut k = lin(&ld, "self_attn.k_proj.weight", w, h)?;
-                    let mut v = lin(&ld, "self_attn.v_proj.weight", w, h)?;
-                    let mut f_a = lin(&ld, "self_attn.f_a_proj.weight", dim, h)?;
-                    let mut b = lin(&ld, "self_attn.b_proj.weight", heads, h)?;
-                    let g_in = match &mut gate {
-                        OutGate::Full(g) | OutGate::Low(g, _) => g,
+                    let g_in = if k3 {
+                        mat("self_attn.g_proj.weight", w, h)?
+                    } else {
+                        mat("self_attn.g_a_proj.weight", dim, h)?
                     };
                     // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
-                    let xin = fuse(&gpu, &mut [&mut q, &mut k, &mut v, &mut f_a, g_in, &mut b])?;
+                    let (xin, parts) = b.fuse(vec![
+                        mat("self_attn.q_proj.weight", w, h)?,
+                        mat("self_attn.k_proj.weight", w, h)?,
+                        mat("self_attn.v_proj.weight", w, h)?,
+                        mat("self_attn.f_a_proj.weight", dim, h)?,
+                        g_in,
+                        mat("self_attn.b_proj.weight", heads, h)?,
+                    ]);
+                    let [q, k, v, f_a, g_in, b_proj]: [Lin; 6] =
+                        parts.try_into().map_err(|_| anyhow!("six parts"))?;
+                    let gate = if k3 {
+                        OutGate::Full(g_in)
+                    } else {
+                        OutGate::Low(g_in, b.lin(mat("self_attn.g_b_proj.weight", w, dim)?))
+                    };
                     Attn::Kda(Box::new(Kda {
                         xin,
                         q,
                         k,
                         v,
-                        conv: gpu.upload(&conv)?,
+                        conv: b.vector(&conv),
                         f_a,
-                        f_b: lin(&ld, "self_attn.f_b_proj.weight", w, dim)?,
-                        b,
-                        a_log: gpu.upload(&a_log)?,
-                        dt_bias: vecf(&ld, "self_attn.dt_bias", &[w])?,
-                        o_norm: vecf(&ld, "self_attn.o_norm.weight", &[dim])?,
+                        f_b: b.lin(mat("self_attn.f_b_proj.weight", w, dim)?),
+                        b: b_proj,
+                        a_log: b.vector(&a_log),
+                        dt_bias: vecf(b, "self_attn.dt_bias", &[w])?,
+                        o_norm: vecf(b, "self_attn.o_norm.weight", &[dim])?,
                         gate,
-                        o: lin(&ld, "self_attn.o_proj.weight", h, w)?,
+                        o: b.lin(mat("self_attn.o_proj.weight", h, w)?),
                         heads,
                         dim,
                         kern,
                         kind: if k3 { 0 } else { 1 },
                     }))
                 };
-                let mlp = |lin: &mut dyn FnMut(&Loader, &str, usize, usize) -> Result<Lin>,
-                           ld: &Loader,
-                           width: usize|
-                 -> Result<Mlp> {
+                let mlp = |b: &mut Block, sub: &str, width: usize| -> Result<Mlp> {
                     Ok(Mlp {
-                        gate: lin(ld, "gate_proj.weight", width, h)?,
-                        up: lin(ld, "up_proj.weight", width, h)?,
-                        down: lin(ld, "down_proj.weight", h, width)?,
+                        gate: b.lin(mat(&format!("{sub}gate_proj.weight"), width, h)?),
+                        up: b.lin(mat(&format!("{sub}up_proj.weight"), width, h)?),
+                        down: b.lin(mat(&format!("{sub}down_proj.weight"), h, width)?),
                     })
                 };
                 let ffn = if cfg.is_dense(l) {
-                    Ffn::Dense(mlp(&mut lin, &ld.sub("mlp."), cfg.dense_intermediate)?)
+                    Ffn::Dense(mlp(b, "mlp.", cfg.dense_intermediate)?)
                 } else {
                     let m = &cfg.moe;
-                    let mut latent = match m.latent {
-                        Some(w) => Some((
-                            lin(&ld, "block_sparse_moe.routed_expert_down_proj.weight", w, h)?,
-                            vecf(&ld, "block_sparse_moe.routed_expert_norm.weight", &[w])?,
-                            lin(&ld, "block_sparse_moe.routed_expert_up_proj.weight", h, w)?,
-                        )),
-                        None => None,
-                    };
-                    let mut router = lin(&ld, "block_sparse_moe.gate.weight", m.num_experts, h)?;
-                    let xin = match &mut latent {
-                        Some((down, _, _)) => Some(fuse(&gpu, &mut [down, &mut router])?),
-                        None => None,
+                    let router = mat("block_sparse_moe.gate.weight", m.num_experts, h)?;
+                    let (xin, router, latent) = match m.latent {
+                        Some(lw) => {
+                            let (xin, parts) = b.fuse(vec![
+                                mat("block_sparse_moe.routed_expert_down_proj.weight", lw, h)?,
+                                router,
+                            ]);
+                            let [down, router]: [Lin; 2] =
+                                parts.try_into().map_err(|_| anyhow!("two parts"))?;
+                            let norm =
+                                vecf(b, "block_sparse_moe.routed_expert_norm.weight", &[lw])?;
+                            let up =
+                                b.lin(mat("block_sparse_moe.routed_expert_up_proj.weight", h, lw)?);
+                            (Some(xin), router, Some((down, norm, up)))
+                        }
+                        None => (None, b.lin(router), None),
                     };
                     Ffn::Moe(Box::new(Moe {
                         xin,
                         router,
                         bias: vecf(
-                            &ld,
+                            b,
                             "block_sparse_moe.gate.e_score_correction_bias",
                             &[m.num_experts],
                         )?,
                         latent,
-                        shared: mlp(
-                            &mut lin,
-                            &ld.sub("block_sparse_moe.shared_experts."),
-                            m.shared_width,
-                        )?,
+                        shared: mlp(b, "block_sparse_moe.shared_experts.", m.shared_width)?,
                     }))
                 };
                 Ok(Layer {
                     attn_res,
-                    input_norm: vecf(&ld, "input_layernorm.weight", &[h])?,
+                    input_norm: vecf(b, "input_layernorm.weight", &[h])?,
                     attn,
                     mlp_res,
-                    post_norm: vecf(&ld, "post_attention_layernorm.weight", &[h])?,
+                    post_norm: vecf(b, "post_attention_layernorm.weight", &[h])?,
                     ffn,
                 })
             })();
             layers.push(layer.with_context(|| format!("layer {l}"))?);
+            blocks.push(b);
         }
-        let (v, head_root) = (cfg.vocab_size, if k3 { "language_model." } else { "" });
-        let embed = ld_lin(&gpu, &root, "embed_tokens.weight", v, h)?;
-        let lm_head = lin(&Loader::new(&ck, head_root), "lm_head.weight", v, h)?;
+        // The embeddings and head: always resident.
+        let mut head = Block::new();
+        let v = cfg.vocab_size;
+        let embed = ld_mat(&root, "embed_tokens.weight", v, h)?;
+        // One row of the embedding table is read per token: not counted as matrix bytes.
+        let embed = Lin {
+            at: head.put(as_bytes(&embed.data)),
+            rows: v,
+            cols: h,
+        };
+        let head_root = Loader::new(&ck, if k3 { "language_model." } else { "" });
+        let lm_head = head.lin(ld_mat(&head_root, "lm_head.weight", v, h)?);
         let out_res = if k3 {
-            Some(gpu.upload(&root.res_score(
+            Some(head.vector(&root.res_score(
                 "output_attn_res_norm.weight",
                 "output_attn_res_proj.weight",
                 h,
-            )?)?)
+            )?))
         } else {
             None
         };
-        let norm = gpu.upload(&root.vector("norm.weight", &[h])?)?;
+        let norm = head.vector(&root.vector("norm.weight", &[h])?);
+        let spine_bytes = head.matrix_bytes + blocks.iter().map(|b| b.matrix_bytes).sum::<u64>();
+        let (spine, streamed) = place_spine(&gpu, head, blocks, opts.spine_vram)?;
 
         // The VRAM expert cache.
         let slot_len = layout.len.div_ceil(256) * 256;
@@ -553,6 +674,8 @@ impl CudaModel {
             out_res,
             norm,
             lm_head,
+            _spine: spine,
+            streamed,
             store,
             layout,
             cache: Mutex::new(cache),
@@ -593,6 +716,11 @@ impl CudaModel {
     /// BF16 spine bytes read per decode token (every matrix but the embedding table, of which one row).
     pub fn spine_bytes_per_token(&self) -> u64 {
         self.spine_bytes + 2 * self.cfg.hidden as u64
+    }
+
+    /// How many spine layers stream from host memory (each pass copies every one of them once).
+    pub fn spine_layers_streamed(&self) -> usize {
+        self.streamed.as_ref().map_or(0, |st| st.images.len())
     }
 
     pub fn record_len(&self) -> usize {
@@ -760,7 +888,7 @@ impl CudaModel {
             256,
             (8 * 4096 + 4 * n.min(4) * w.cols) as u32,
         )
-        .p(w.ptr)
+        .p(w.ptr())
         .p(x)
         .p(y)
         .i(w.rows)
@@ -788,13 +916,13 @@ impl CudaModel {
             .go()
     }
 
-    fn mix(&self, anchors: u64, na: usize, cur: u64, w: &DevBuf, out: u64, n: usize) -> Result<()> {
+    fn mix(&self, anchors: u64, na: usize, cur: u64, w: &At, out: u64, n: usize) -> Result<()> {
         let hd = self.cfg.hidden;
         Launch::new(&self.gpu, "attn_res_mix", (n as u32, 1), 256, 0)
             .p(anchors)
             .i(na)
             .p(cur)
-            .p(w.ptr)
+            .p(w.ptr())
             .p(out)
             .i(n)
             .i(hd)
@@ -817,8 +945,8 @@ impl CudaModel {
             256,
             0,
         )
-        .p(m.gate.ptr)
-        .p(m.up.ptr)
+        .p(m.gate.ptr())
+        .p(m.up.ptr())
         .p(x)
         .p(act)
         .i(m.gate.rows)
@@ -843,7 +971,7 @@ impl CudaModel {
         let tok = self.stage(a, tokens)?;
         let h = a.f32s(n * hd)?;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
-            .p(self.embed.ptr)
+            .p(self.embed.ptr())
             .p(tok)
             .p(h)
             .i(n)
@@ -854,8 +982,24 @@ impl CudaModel {
         let anchors = a.f32s(max_anchors.max(1) * n * hd)?;
         let mut na = 0usize;
         let mark = a.off.get();
+        // The first two streamed layers' copies start now, under the resident layers' compute.
+        if let Some(st) = &self.streamed {
+            for j in 0..st.images.len().min(2) {
+                self.copy_layer(st, j)?;
+            }
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             a.off.set(mark);
+            let streamed = self
+                .streamed
+                .as_ref()
+                .and_then(|st| Some((st, st.index[l]?)));
+            if let Some((st, j)) = streamed {
+                self.gpu
+                    .stream
+                    .wait(&st.copied[j % 2])
+                    .map_err(|e| anyhow!("{e:?}"))?;
+            }
             let x = a.f32s(n * hd)?;
             match block {
                 Some(block) => {
@@ -875,7 +1019,7 @@ impl CudaModel {
                             .dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
                         na += 1;
                     }
-                    self.rms(x, layer.input_norm.ptr, x, n, hd, eps)?;
+                    self.rms(x, layer.input_norm.ptr(), x, n, hd, eps)?;
                     let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
                     // q = prefix + o, kept in h.
                     if restart {
@@ -885,19 +1029,28 @@ impl CudaModel {
                     }
                     let m = a.f32s(n * hd)?;
                     self.mix(anchors, na, h, layer.mlp_res.as_ref().expect("K3"), m, n)?;
-                    self.rms(m, layer.post_norm.ptr, m, n, hd, eps)?;
+                    self.rms(m, layer.post_norm.ptr(), m, n, hd, eps)?;
                     let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
                     self.add(h, y, n * hd)?;
                 }
                 None => {
                     // Kimi Linear: h += Attn(RMS(h)); h += MLP(RMS(h)).
-                    self.rms(h, layer.input_norm.ptr, x, n, hd, eps)?;
+                    self.rms(h, layer.input_norm.ptr(), x, n, hd, eps)?;
                     let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
                     self.add(h, o, n * hd)?;
                     let m = a.f32s(n * hd)?;
-                    self.rms(h, layer.post_norm.ptr, m, n, hd, eps)?;
+                    self.rms(h, layer.post_norm.ptr(), m, n, hd, eps)?;
                     let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
                     self.add(h, y, n * hd)?;
+                }
+            }
+            if let Some((st, j)) = streamed {
+                // The buffer is free once this layer's kernels are done: the layer two ahead goes in next.
+                st.freed[j % 2]
+                    .record(&self.gpu.stream)
+                    .map_err(|e| anyhow!("{e:?}"))?;
+                if j + 2 < st.images.len() {
+                    self.copy_layer(st, j + 2)?;
                 }
             }
         }
@@ -911,9 +1064,32 @@ impl CudaModel {
             LogitRows::All => (f, n),
             LogitRows::Last => (f + (4 * (n - 1) * hd) as u64, 1),
         };
-        self.rms(f, self.norm.ptr, f, m, hd, eps)?;
+        self.rms(f, self.norm.ptr(), f, m, hd, eps)?;
         let logits = self.mm(a, &self.lm_head, f, m)?;
         self.gpu.dtoh(logits, m * self.cfg.vocab_size)
+    }
+
+    /// Copies the `j`-th streamed layer into its buffer on the copy stream, after the kernels of the layer
+    /// that used the buffer before it.
+    fn copy_layer(&self, st: &Streamed, j: usize) -> Result<()> {
+        let (_, off, len) = st.images[j];
+        let copy = &self.gpu.copy;
+        copy.wait(&st.freed[j % 2]).map_err(|e| anyhow!("{e:?}"))?;
+        // SAFETY: the buffer holds the largest streamed layer; the page-locked images are never written after
+        // load.
+        unsafe {
+            cu::memcpy_htod_async(
+                st.bufs[j % 2].ptr,
+                &st.host.as_slice()[off..off + len],
+                copy.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("copying spine layer {} to the GPU: {e:?}", st.images[j].0))?;
+        st.copied[j % 2]
+            .record(copy)
+            .map_err(|e| anyhow!("{e:?}"))?;
+        self.cache.lock().unwrap().counters.spine_h2d_bytes += len as u64;
+        Ok(())
     }
 
     fn attention(
@@ -966,8 +1142,8 @@ impl CudaModel {
             0,
         )
         .p(g)
-        .p(k.dt_bias.ptr)
-        .p(k.a_log.ptr)
+        .p(k.dt_bias.ptr())
+        .p(k.a_log.ptr())
         .p(beta)
         .i(n)
         .i(w)
@@ -994,10 +1170,10 @@ impl CudaModel {
         .p(g)
         .p(beta)
         .p(gate)
-        .p(k.conv.ptr)
+        .p(k.conv.ptr())
         .p(conv_state)
         .p(s)
-        .p(k.o_norm.ptr)
+        .p(k.o_norm.ptr())
         .p(out)
         .i(n)
         .i(heads)
@@ -1025,7 +1201,7 @@ impl CudaModel {
         let y = self.mm_parts(a, &m.xin, &parts, x, n)?;
         let q = match &m.q {
             QPath::Low { a: qa, norm, b } => {
-                self.rms(y[0], norm.ptr, y[0], n, qa.rows, m.eps)?;
+                self.rms(y[0], norm.ptr(), y[0], n, qa.rows, m.eps)?;
                 self.mm(a, b, y[0], n)?
             }
             QPath::Direct(_) => y[0],
@@ -1033,7 +1209,7 @@ impl CudaModel {
         let c = y[1];
         Launch::new(&self.gpu, "mla_append", (n as u32, 1), 128, 0)
             .p(c)
-            .p(m.kv_norm.ptr)
+            .p(m.kv_norm.ptr())
             .p(lat)
             .p(pe)
             .i(pos)
@@ -1054,7 +1230,7 @@ impl CudaModel {
             (2 * m.kvl * 4) as u32,
         )
         .p(q)
-        .p(m.kv_b.ptr)
+        .p(m.kv_b.ptr())
         .p(lat)
         .p(pe)
         .p(p)
@@ -1148,7 +1324,7 @@ impl CudaModel {
             (4 * (3 * e_count + top_k)) as u32,
         )
         .p(logits)
-        .p(m.bias.ptr)
+        .p(m.bias.ptr())
         .i(e_count)
         .i(top_k)
         .i(mc.renormalize as usize)
@@ -1191,7 +1367,7 @@ impl CudaModel {
         .go()?;
         let routed = match &m.latent {
             Some((_, norm, up)) => {
-                self.rms(acc, norm.ptr, acc, n, lay.width, self.cfg.rms_norm_eps)?;
+                self.rms(acc, norm.ptr(), acc, n, lay.width, self.cfg.rms_norm_eps)?;
                 self.mm(a, up, acc, n)?
             }
             None => acc,
@@ -1527,48 +1703,82 @@ impl CudaModel {
     }
 }
 
-fn ld_lin(gpu: &Gpu, ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Lin> {
+fn ld_mat(ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Linear> {
     // The kernels read rows in whole 32-element blocks with 16-byte loads.
     if !cols.is_multiple_of(32) {
         bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
     }
-    let l = ld.linear(name, rows, cols)?;
-    let mem = Arc::new(gpu.upload(&l.data)?);
-    Ok(Lin {
-        ptr: mem.ptr,
-        _mem: mem,
-        rows,
-        cols,
-    })
+    ld.linear(name, rows, cols)
 }
 
-/// Moves matrices that multiply the same input into one allocation, back to back in the order given (each
-/// part then points into it): a one-row pass runs them as one matmul (`mm_parts`). Every part's rows are whole
-/// 32-element blocks, so each part starts 64-byte aligned.
-fn fuse(gpu: &Gpu, parts: &mut [&mut Lin]) -> Result<Lin> {
-    let cols = parts[0].cols;
-    let rows: usize = parts.iter().map(|p| p.rows).sum();
-    let mem = Arc::new(gpu.alloc(2 * rows * cols)?);
-    let mut at = mem.ptr;
-    let mut placed = Vec::with_capacity(parts.len());
-    for p in parts.iter() {
-        assert_eq!(p.cols, cols, "fused matrices share their input");
-        gpu.dtod(at, p.ptr, 2 * p.rows * cols)?;
-        placed.push(at);
-        at += (2 * p.rows * cols) as u64;
+/// Puts the embeddings and head, and the layers that fit in `spine_vram` (`plan_spine`), in VRAM of their own;
+/// the other layers' images in page-locked host memory, with the two VRAM buffers they stream through.
+fn place_spine(
+    gpu: &Gpu,
+    head: Block,
+    blocks: Vec<Block>,
+    spine_vram: Option<u64>,
+) -> Result<(Vec<DevBuf>, Option<Streamed>)> {
+    let upload = |b: &Block| -> Result<DevBuf> {
+        let mem = gpu
+            .upload(&b.bytes)
+            .with_context(|| format!("allocating {} bytes of spine in VRAM", b.bytes.len()))?;
+        b.base.set(mem.ptr).expect("a block is placed once");
+        Ok(mem)
+    };
+    let sizes: Vec<u64> = blocks.iter().map(|b| b.bytes.len() as u64).collect();
+    let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+    let allowance = spine_vram
+        .unwrap_or_else(|| (free as u64).saturating_sub(head.bytes.len() as u64 + (4 << 30)));
+    let mut resident = vec![upload(&head)?];
+    let mut index = vec![None; blocks.len()];
+    let (mut images, mut stream) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for (l, (b, keep)) in blocks
+        .into_iter()
+        .zip(plan_spine(&sizes, allowance))
+        .enumerate()
+    {
+        if keep {
+            resident.push(upload(&b)?);
+        } else {
+            index[l] = Some(images.len());
+            images.push((l, at, b.bytes.len()));
+            at += b.bytes.len();
+            stream.push(b);
+        }
     }
-    // The parts' own allocations are freed below.
-    gpu.stream.synchronize().map_err(|e| anyhow!("{e:?}"))?;
-    for (p, at) in parts.iter_mut().zip(placed) {
-        p._mem = mem.clone();
-        p.ptr = at;
+    if stream.is_empty() {
+        return Ok((resident, None));
     }
-    Ok(Lin {
-        ptr: mem.ptr,
-        _mem: mem,
-        rows,
-        cols,
-    })
+    // Write-combined: the CPU only writes it (here), the copy engine reads it.
+    let mut host = Pinned::new(gpu, at, true)
+        .with_context(|| format!("page-locking {at} bytes of streamed spine layers"))?;
+    for (b, &(_, off, len)) in stream.iter().zip(&images) {
+        par_copy(&mut host.as_mut_slice()[off..off + len], &b.bytes);
+    }
+    let largest = images
+        .iter()
+        .map(|i| i.2)
+        .max()
+        .expect("some layer streams");
+    let bufs = (0..images.len().min(2))
+        .map(|_| gpu.alloc(largest))
+        .collect::<Result<Vec<_>>>()?;
+    for (j, b) in stream.iter().enumerate() {
+        b.base.set(bufs[j % 2].ptr).expect("a block is placed once");
+    }
+    Ok((
+        resident,
+        Some(Streamed {
+            host,
+            images,
+            index,
+            bufs,
+            copied: [gpu.event()?, gpu.event()?],
+            freed: [gpu.event()?, gpu.event()?],
+        }),
+    ))
 }
 
 /// The CPU path's expert store over the checkpoint's shards or a pack: the RAM cache and the disk below VRAM.

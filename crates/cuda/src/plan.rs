@@ -1,8 +1,20 @@
-//! Host-side planning, free of any device: which VRAM slot holds which expert (LRU among unpinned slots),
-//! how one layer's experts split into waves when the budget holds fewer slots than the layer needs, and the
-//! rotation of the pinned staging buffers.
+//! Host-side planning, free of any device: which spine layers stay in VRAM, which VRAM slot holds which
+//! expert (LRU among unpinned slots), how one layer's experts split into waves when the budget holds fewer
+//! slots than the layer needs, and the rotation of the pinned staging buffers.
 
+use deltafin_models::spine::plan_resident;
 use std::collections::HashMap;
+
+/// Which spine layers stay in VRAM under `allowance` bytes: all of them when they fit; otherwise the CPU
+/// path's plan (a prefix) in what is left after the two streaming buffers of the largest layer's size.
+pub fn plan_spine(layer_bytes: &[u64], allowance: u64) -> Vec<bool> {
+    let total: u64 = layer_bytes.iter().sum();
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0);
+    if total <= allowance {
+        return vec![true; layer_bytes.len()];
+    }
+    plan_resident(layer_bytes, allowance.saturating_sub(2 * largest))
+}
 
 pub type Key = (usize, usize);
 
@@ -134,6 +146,25 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spine_streams_the_layers_beyond_its_allowance() {
+        // Everything fits: no streaming buffers are needed.
+        assert_eq!(plan_spine(&[4, 4, 4], 12), vec![true; 3]);
+        // One byte short: two 4-byte buffers come first, leaving room for one layer.
+        assert_eq!(
+            plan_spine(&[4, 4, 4, 4], 15),
+            vec![true, false, false, false]
+        );
+        // The buffers are sized by the largest layer, wherever it is.
+        assert_eq!(
+            plan_spine(&[3, 3, 5, 3, 3], 16),
+            vec![true, true, false, false, false]
+        );
+        // Less than the buffers: every layer streams.
+        assert_eq!(plan_spine(&[4, 4, 4], 7), vec![false; 3]);
+        assert_eq!(plan_spine(&[4, 4, 4], 0), vec![false; 3]);
+    }
 
     #[test]
     fn hits_stay_and_lru_unpinned_slots_are_evicted() {
