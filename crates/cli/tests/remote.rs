@@ -335,6 +335,25 @@ fn a_server_that_keeps_lying_fails_cleanly_and_nothing_reaches_the_mirror() {
         .unwrap()
         .contains("expert "));
 
+    // The repository changes under a partial mirror: its ranges no longer match the ETag it started with.
+    let changed = tempfile::tempdir().unwrap();
+    let served = changed.path().join("model");
+    copy_dir(&model_dir(&src), &served);
+    let moving = Server::start(&served);
+    let m3 = fresh(&t, "mirror3");
+    fetch_spine(&moving, &m3);
+    for entry in std::fs::read_dir(&served).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let mut bytes = std::fs::read(&p).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 1;
+            std::fs::write(&p, bytes).unwrap();
+        }
+    }
+    let err = run_fails(&m3, &[]);
+    assert!(err.contains("changed on the server"), "{err}");
+
     server.inject(".safetensors", Fault::IgnoreRange, usize::MAX);
     let err = run_fails(&m, &[]);
     assert!(err.contains("ignored the Range header"), "{err}");
@@ -417,6 +436,14 @@ fn a_disk_budget_evicts_experts_and_the_output_is_unchanged() {
     assert_eq!(local, again);
     let err = run_fails(&m, &["--disk-cache", "1"]);
     assert!(err.contains("disk budget"), "{err}");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
 }
 
 /// Bytes of one routed expert of the tiny preset: its six tensors.

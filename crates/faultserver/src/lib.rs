@@ -113,7 +113,7 @@ fn handle(mut conn: TcpStream, root: &Path, st: &Mutex<State>) -> std::io::Resul
         parts.next().unwrap_or("").to_string(),
         parts.next().unwrap_or("/").to_string(),
     );
-    let mut range = None;
+    let (mut range, mut if_match) = (None, None);
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
@@ -122,6 +122,8 @@ fn handle(mut conn: TcpStream, root: &Path, st: &Mutex<State>) -> std::io::Resul
         if let Some((k, v)) = h.split_once(':') {
             if k.eq_ignore_ascii_case("range") {
                 range = parse_range(v.trim());
+            } else if k.eq_ignore_ascii_case("if-match") {
+                if_match = Some(v.trim().to_string());
             }
         }
     }
@@ -158,8 +160,19 @@ fn handle(mut conn: TcpStream, root: &Path, st: &Mutex<State>) -> std::io::Resul
         return respond(&mut conn, "404 Not Found", &[], b"", method == "HEAD");
     };
     let total = data.len() as u64;
+    // Content-derived, so a file rewritten between requests gets a new one.
+    let etag = format!(
+        "\"{total}-{}\"",
+        deltafin_formats::checksums::xxh3_hex(&data)
+    );
+    if if_match.is_some_and(|m| m != etag) {
+        return respond(&mut conn, "412 Precondition Failed", &[], b"", false);
+    }
     if method == "HEAD" {
-        let mut headers = vec![("Content-Length".into(), total.to_string())];
+        let mut headers = vec![
+            ("Content-Length".into(), total.to_string()),
+            ("ETag".into(), etag),
+        ];
         if rel.ends_with(".safetensors") {
             let sum = deltafin_formats::checksums::sha256_hex(&data);
             headers.push(("X-Linked-Etag".into(), format!("\"{sum}\"")));

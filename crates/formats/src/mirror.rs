@@ -16,11 +16,17 @@ pub struct RemoteFile {
     pub size: u64,
     /// SHA-256 of the whole file as the server or the checksum manifest states it (lower-case hex).
     pub sha256: Option<String>,
+    /// The file's strong ETag when the mirror started: every range request requires it (`If-Match`).
+    #[serde(default)]
+    pub etag: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct MirrorState {
     pub url: String,
+    /// The Hugging Face commit every file is read at, when the server named one.
+    #[serde(default)]
+    pub commit: Option<String>,
     /// The shards, in the order the checkpoint opens them.
     pub shards: Vec<RemoteFile>,
     /// The server published `deltafin.checksums.json`, so every range can be verified.

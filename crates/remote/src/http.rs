@@ -47,6 +47,11 @@ pub struct FileInfo {
     pub size: u64,
     /// SHA-256 the server states (Hugging Face's `X-Linked-Etag` for LFS files, or a SHA-256 ETag).
     pub sha256: Option<String>,
+    /// A strong ETag of the file itself (not of a redirect), sent back as `If-Match` with every range request
+    /// so a file that changes on the server is caught instead of mixed.
+    pub etag: Option<String>,
+    /// The commit a Hugging Face repository served the file from (`X-Repo-Commit`).
+    pub commit: Option<String>,
 }
 
 /// One failed attempt.
@@ -61,6 +66,8 @@ enum Failure {
 #[derive(Debug)]
 pub struct Source {
     base: String,
+    /// `If-Match` values per file name.
+    etags: std::collections::HashMap<String, String>,
     agent: ureq::Agent,
     /// For HEAD: Hugging Face states an LFS file's SHA-256 on the redirect, not on the CDN's answer.
     head_agent: ureq::Agent,
@@ -93,6 +100,7 @@ impl Source {
         };
         Ok(Source {
             base,
+            etags: Default::default(),
             agent: build(8),
             head_agent: build(0),
             token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
@@ -107,6 +115,19 @@ impl Source {
 
     pub fn url(&self, name: &str) -> String {
         format!("{}/{name}", self.base)
+    }
+
+    /// Reads every later file at `commit` when the URL names a Hugging Face revision (`…/resolve/REV`), so a
+    /// repository that moves on while the mirror fills cannot mix two versions.
+    pub fn pin(&mut self, commit: &str) {
+        if let Some(at) = self.base.rfind("/resolve/") {
+            self.base = format!("{}/resolve/{commit}", &self.base[..at]);
+        }
+    }
+
+    /// Requires each named file to still have this ETag (`If-Match`) in every range request.
+    pub fn require_etags(&mut self, etags: impl IntoIterator<Item = (String, String)>) {
+        self.etags.extend(etags);
     }
 
     fn request(&self, agent: &ureq::Agent, method: &str, name: &str) -> ureq::Request {
@@ -217,7 +238,18 @@ impl Source {
                 .header("X-Linked-Etag")
                 .or_else(|| resp.header("ETag"))
                 .and_then(sha256_etag);
-            Ok(FileInfo { size, sha256 })
+            // A redirect's ETag describes the redirect; a weak one cannot be matched byte for byte.
+            let etag = resp
+                .header("ETag")
+                .filter(|e| !redirected && !e.trim().starts_with("W/"))
+                .map(|e| e.trim().to_string());
+            let commit = resp.header("X-Repo-Commit").map(|c| c.trim().to_string());
+            Ok(FileInfo {
+                size,
+                sha256,
+                etag,
+                commit,
+            })
         })
     }
 
@@ -235,11 +267,20 @@ impl Source {
         let what = format!("GET {} bytes {offset}-{end}", self.url(name));
         let want_range = format!("bytes {offset}-{end}/{total}");
         self.with_retries(&what, || {
-            let req = self
+            let mut req = self
                 .request(&self.agent, "GET", name)
                 .set("Range", &format!("bytes={offset}-{end}"));
+            if let Some(tag) = self.etags.get(name) {
+                req = req.set("If-Match", tag);
+            }
             let resp = match req.call() {
                 Ok(r) => r,
+                Err(ureq::Error::Status(412, _)) => {
+                    return Err(Failure::Fatal(format!(
+                        "the file changed on the server since this mirror was started (it no longer has ETag {}); start a new mirror in an empty directory",
+                        self.etags.get(name).map_or("?", |t| t.as_str())
+                    )))
+                }
                 Err(ureq::Error::Status(416, _)) => {
                     return Err(Failure::Fatal(format!(
                         "416 Range Not Satisfiable: the file on the server is not the {total} bytes its header promised"
@@ -329,6 +370,19 @@ mod tests {
         assert_eq!(sha256_etag(&format!("W/\"{}\"", h.to_uppercase())), Some(h));
         assert_eq!(sha256_etag("\"5d41402abc4b2a76b9719d911017c592\""), None);
         assert_eq!(sha256_etag(&"g".repeat(64)), None);
+    }
+
+    #[test]
+    fn a_hugging_face_revision_is_pinned_to_a_commit() {
+        let mut s = Source::new("https://huggingface.co/org/name", HttpOptions::default()).unwrap();
+        s.pin("0123abcd");
+        assert_eq!(
+            s.url("config.json"),
+            "https://huggingface.co/org/name/resolve/0123abcd/config.json"
+        );
+        let mut s = Source::new("http://mirror.lan/k3", HttpOptions::default()).unwrap();
+        s.pin("0123abcd");
+        assert_eq!(s.url("config.json"), "http://mirror.lan/k3/config.json");
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub fn open_mirror(
     opts: MirrorOptions,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<Mirror> {
-    if let Some(s) = &source {
+    let mut source = source;
+    if let Some(s) = &mut source {
         mirror::create(dir, s)?;
     }
     let m = Mirror::open(dir, source, opts)?;

@@ -94,9 +94,10 @@ impl std::fmt::Debug for Mirror {
 /// Starts a mirror of `source` in `dir` (or checks that `dir` already mirrors it): the small files, the shard
 /// headers, sparse shards of the right length. The marker is written before any shard, so an interrupted
 /// start never leaves something that looks like a complete checkpoint.
-pub fn create(dir: &Path, source: &Source) -> Result<()> {
+pub fn create(dir: &Path, source: &mut Source) -> Result<()> {
+    let url = source.base().to_string();
     if let Some(s) = marker::read_state(dir)? {
-        if s.url != source.base() {
+        if s.url != url {
             bail!(
                 "{} mirrors {}, not {}; choose another directory",
                 dir.display(),
@@ -111,6 +112,11 @@ pub fn create(dir: &Path, source: &Source) -> Result<()> {
             "{} already holds a checkpoint that is not a mirror; choose an empty directory",
             dir.display()
         );
+    }
+    // A failure here is reported by the GET of config.json below.
+    let commit = source.head("config.json").ok().and_then(|i| i.commit);
+    if let Some(c) = &commit {
+        source.pin(c);
     }
     let mut small = Vec::new();
     for name in SMALL_FILES {
@@ -187,11 +193,18 @@ pub fn create(dir: &Path, source: &Source) -> Result<()> {
             name: name.clone(),
             size: info.size,
             sha256: stated.map(|s| s.sha256.clone()).or(info.sha256),
+            etag: info.etag,
         });
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    source.require_etags(
+        shards
+            .iter()
+            .filter_map(|s| Some((s.name.clone(), s.etag.clone()?))),
+    );
     let state = MirrorState {
-        url: source.base().to_string(),
+        url: url.clone(),
+        commit,
         shards,
         checksums: sums.is_some(),
         complete: false,
@@ -263,6 +276,18 @@ impl Mirror {
     pub fn open(dir: &Path, source: Option<Source>, opts: MirrorOptions) -> Result<Mirror> {
         let state = marker::read_state(dir)?
             .with_context(|| format!("{} is not a mirror of a remote repository", dir.display()))?;
+        let source = source.map(|mut s| {
+            if let Some(c) = &state.commit {
+                s.pin(c);
+            }
+            s.require_etags(
+                state
+                    .shards
+                    .iter()
+                    .filter_map(|f| Some((f.name.clone(), f.etag.clone()?))),
+            );
+            s
+        });
         let checksums = match std::fs::read(dir.join(checksums::FILE)) {
             Ok(b) if state.checksums => Some(Checksums::parse(
                 &b,
@@ -541,9 +566,7 @@ impl Mirror {
                     self.download(layer, &mine, false)
                 });
                 self.unclaim(layer, &mine);
-                result.with_context(|| {
-                    format!("layer {layer} experts {mine:?} are not in the local cache")
-                })?;
+                result.with_context(|| format!("experts {mine:?} are not in the local cache"))?;
             }
             if waiting.is_empty() {
                 return Ok(());
