@@ -6,7 +6,6 @@ use clap::Args;
 use deltafin_remote::MirrorOptions;
 use deltafin_store::Backfill;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 
 #[derive(Args)]
 pub struct FetchArgs {
@@ -72,9 +71,8 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     let whole = m.complete()?;
-    let c = &m.source().expect("online").counters;
     println!(
-        "{}: mirror of {}: spine {}, {} experts local; {} requests, {:.1} MB downloaded, {} retries, {} bad responses",
+        "{}: mirror of {}: spine {}, {} experts local",
         a.out.display(),
         m.url(),
         match m.spine_status() {
@@ -82,11 +80,8 @@ pub fn fetch(a: FetchArgs) -> Result<()> {
             _ => "unverified",
         },
         m.experts_present(),
-        c.requests.load(Ordering::Relaxed),
-        c.bytes.load(Ordering::Relaxed) as f64 / 1e6,
-        c.retries.load(Ordering::Relaxed),
-        c.bad_responses.load(Ordering::Relaxed),
     );
+    println!("{}", m.activity());
     println!("verification: {}", m.verification());
     match whole {
         Some(w) => println!("complete: {w}; an ordinary checkpoint from now on"),

@@ -169,7 +169,9 @@ impl StoreArgs {
             Some(b) => Some(b),
             None => {
                 let cache = explicit_cache.unwrap_or(physical_memory().unwrap_or(0) / 4);
-                let auto = resident_weight_bytes(model)
+                // An unreadable checkpoint gets no budget here; loading says what is wrong with it.
+                let auto = deltafin_models::resident_bytes(model)
+                    .ok()
                     .zip(meminfo("MemAvailable:"))
                     .and_then(|(spine, avail)| auto_budget(spine, cache, avail));
                 if let Some(b) = auto {
@@ -263,18 +265,6 @@ fn meminfo(field: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-/// Bytes of every tensor but the routed experts (what stays resident without a budget); `None` when the
-/// directory is not a readable checkpoint (loading then says why).
-fn resident_weight_bytes(model: &Path) -> Option<u64> {
-    let ck = deltafin_formats::checkpoint::Checkpoint::open(model).ok()?;
-    Some(
-        ck.tensors()
-            .filter(|t| !t.name.contains(".experts."))
-            .map(|t| t.nbytes)
-            .sum(),
-    )
 }
 
 /// Without --memory-budget, a spine and cache that would not fit in 90% of available memory get a budget of

@@ -777,15 +777,7 @@ impl CudaModel {
         rows: LogitRows,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            bail!("a forward pass needs at least one token");
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            bail!(
-                "token id {t} is outside the vocabulary (size {})",
-                self.cfg.vocab_size
-            );
-        }
+        deltafin_models::check_tokens(&self.cfg, tokens)?;
         let n = tokens.len();
         let mut arena = self.arena.lock().unwrap();
         self.size_arena(&mut arena, n, s.pos)?;

@@ -112,7 +112,7 @@ impl Generation {
         if self.finish.is_some() {
             return Ok(self.finish);
         }
-        let Some(last) = &self.last else {
+        let Some(last) = self.last.take() else {
             let t0 = Instant::now();
             let start = self.history.len();
             let end = self.prompt.len().min(start + prefill_chunk.max(1));
@@ -139,9 +139,9 @@ impl Generation {
             return Ok(self.finish);
         };
         let t0 = Instant::now();
-        let last = last.clone();
         let next = self.sampler.pick(&last);
         self.finish = self.emit(next, &last, &mut on_token);
+        self.last = Some(last);
         if self.finish.is_none() {
             let logits = model.forward(&mut self.session, &[next], LogitRows::Last, stats)?;
             self.history.push(next);

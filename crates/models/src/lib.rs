@@ -132,14 +132,26 @@ impl Model {
         rows: LogitRows,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            bail!("a forward pass needs at least one token");
-        }
+        check_tokens(self.config(), tokens)?;
         match self {
             Model::KimiK3(m) => m.forward(session, tokens, rows, stats),
             Model::KimiLinear(m) => m.forward(session, tokens, rows, stats),
         }
     }
+}
+
+/// What every backend's forward pass requires of its tokens.
+pub fn check_tokens(cfg: &ModelConfig, tokens: &[u32]) -> Result<()> {
+    if tokens.is_empty() {
+        bail!("a forward pass needs at least one token");
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        bail!(
+            "token id {t} is outside the vocabulary (size {})",
+            cfg.vocab_size
+        );
+    }
+    Ok(())
 }
 
 /// The tensor-name prefix of a family's layers.
@@ -159,13 +171,28 @@ pub fn model_identity(dir: &Path) -> Result<String> {
     Ok(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)))
 }
 
+/// Whether a tensor belongs to a routed expert (read when routed) rather than the spine.
+pub fn is_routed_expert(name: &str) -> bool {
+    name.contains(".experts.")
+}
+
 /// Bytes of the spine one decode step reads: every non-expert tensor except the embedding table, of which a
 /// step reads one row.
 pub fn spine_bytes(dir: &Path) -> Result<u64> {
     let ck = Checkpoint::open(dir)?;
     Ok(ck
         .tensors()
-        .filter(|t| !t.name.contains(".experts.") && !t.name.ends_with("embed_tokens.weight"))
+        .filter(|t| !is_routed_expert(&t.name) && !t.name.ends_with("embed_tokens.weight"))
+        .map(|t| t.nbytes)
+        .sum())
+}
+
+/// Bytes of every tensor but the routed experts: what stays in memory without a memory budget.
+pub fn resident_bytes(dir: &Path) -> Result<u64> {
+    let ck = Checkpoint::open(dir)?;
+    Ok(ck
+        .tensors()
+        .filter(|t| !is_routed_expert(&t.name))
         .map(|t| t.nbytes)
         .sum())
 }
@@ -199,7 +226,7 @@ fn plan_spine(
     let mut layer_bytes = vec![0u64; cfg.num_layers];
     let mut global = 0u64;
     for info in ck.tensors() {
-        if info.name.contains(".experts.")
+        if is_routed_expert(&info.name)
             || !(info.name.starts_with(prefix) || info.name.contains("lm_head"))
         {
             continue;

@@ -368,10 +368,6 @@ impl Mirror {
         &self.state.url
     }
 
-    pub fn source(&self) -> Option<&Source> {
-        self.source.as_ref()
-    }
-
     fn online(&self) -> Result<&Source> {
         self.source.as_ref().with_context(|| {
             format!(
@@ -387,7 +383,7 @@ impl Mirror {
         let mut v: Vec<&TensorInfo> = self
             .ck
             .tensors()
-            .filter(|t| !t.name.contains(".experts."))
+            .filter(|t| !deltafin_models::is_routed_expert(&t.name))
             .collect();
         v.sort_by_key(|t| (t.shard, t.offset));
         v
