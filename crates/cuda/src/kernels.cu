@@ -16,14 +16,6 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float bf16f(u32 bits) { return __int_as_float((int)(bits << 16)); }
 
-// E2M1 by its bits (a table in constant memory would serialise a warp's 16 distinct lookups):
-// magnitude 1 is 0.5, magnitudes 2..7 are 2^(m/2 − 1)·(1 + (m&1)/2); bit 3 is the sign.
-__device__ __forceinline__ float e2m1f(u32 nib) {
-    u32 m = nib & 7;
-    u32 bits = m < 2 ? (m ? 0x3f000000u : 0u) : ((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
-    return __int_as_float((int)(bits | ((nib & 8u) << 28)));
-}
-
 __device__ __forceinline__ float e8m0f(u32 s) {
     if (s == 0) return __int_as_float(0x00400000);
     if (s == 255) return __int_as_float(0x7fc00000);
@@ -34,6 +26,31 @@ __device__ __forceinline__ float e8m0f(u32 s) {
 __device__ __forceinline__ float fold_lanes(float acc) {
     for (int h = 16; h >= 1; h >>= 1) acc += __shfl_down_sync(FULL, acc, h);
     return acc;
+}
+
+// Programmatic dependent launch (sm_90+; the host sets the attribute only there): every kernel lets the next one
+// be scheduled at once, and waits for the previous grid (its memory included) before it reads anything a
+// kernel before it wrote. Every block reaches the wait before it can exit, so completion stays transitive
+// along the stream. Reading constant weights ahead of the wait (`prefetch_l2`) overlaps their first fetches
+// with the previous kernel's tail.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_start() {
+    pdl_trigger();
+    pdl_wait();
+}
+// The block asks L2 for bytes [p, p + len) of constant weights, one 256-byte line per thread and step.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t len) {
+    for (size_t off = (size_t)threadIdx.x * 256; off < len; off += (size_t)blockDim.x * 256)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -152,8 +169,15 @@ __device__ __forceinline__ void stage_x(float* xs, const float* x, int len) {
 // lane j of the order: the row streams through shared memory in 4 KB pieces of coalesced 16-byte loads (the
 // next piece in flight), and lane j reads element 32b + j of each block b from there. The tile's x rows are
 // staged in shared memory first (read by every warp; from global memory each block would wait on a miss).
-// Dynamic shared memory: 8 warps × 4 KB, then min(n, TILE) · cols floats.
-extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n) {
+// Dynamic shared memory: 8 warps × 4 KB, then min(n, TILE) · cols floats. Prologue: with norm_w, each staged x
+// row is RMS-normalised in shared memory exactly as rms_norm_rows does it (the norm fused into its consumer).
+// Epilogue, as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or y += v with
+// `accumulate` (residual adds fused).
+extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n,
+                                       const float* norm_w, float eps, const float* add, int accumulate) {
+    pdl_trigger();
+    prefetch_l2(W + (size_t)blockIdx.x * 8 * cols, 2 * (size_t)min(8, rows - (int)blockIdx.x * 8) * cols);
+    pdl_wait();
     extern __shared__ uint4 dyn[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint4* piece = dyn + warp * 256;
@@ -162,8 +186,19 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
     const uint4* w = (const uint4*)(W + (size_t)min(r, rows - 1) * cols);
     const u16* sh = (const u16*)piece;
     int chunks = cols / 8;
+    __shared__ float inv[TILE];
     for (int t0 = 0; t0 < n; t0 += TILE) {
-        stage_x(xs, x + (size_t)t0 * cols, min(TILE, n - t0) * cols);
+        int nt = min(TILE, n - t0);
+        stage_x(xs, x + (size_t)t0 * cols, nt * cols);
+        if (norm_w) {
+            if (warp < nt) {
+                float ss = warp_dot(xs + warp * cols, xs + warp * cols, cols, lane);
+                if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / (float)cols + eps);
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < nt * cols; i += blockDim.x) xs[i] = norm_w[i % cols] * (xs[i] * inv[i / cols]);
+            __syncthreads();
+        }
         float acc[TILE];
 #pragma unroll
         for (int t = 0; t < TILE; t++) acc[t] = 0.0f;
@@ -193,7 +228,11 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
 #pragma unroll
         for (int t = 0; t < TILE; t++) acc[t] = fold_lanes(acc[t]);
         if (lane == 0 && r < rows)
-            for (int t = 0; t < TILE && t0 + t < n; t++) y[(size_t)(t0 + t) * rows + r] = acc[t];
+            for (int t = 0; t < TILE && t0 + t < n; t++) {
+                size_t o = (size_t)(t0 + t) * rows + r;
+                float v = add ? acc[t] + add[o] : acc[t];
+                y[o] = accumulate ? y[o] + v : v;
+            }
     }
 }
 
@@ -201,6 +240,13 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
 // four on the gate row, four on the up row.
 extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
                                       int n, int act) {
+    pdl_trigger();
+    {
+        int r0 = blockIdx.x * (blockDim.x / 8), nr = min((int)blockDim.x / 8, rows - r0);
+        prefetch_l2(G + (size_t)r0 * cols, 2 * (size_t)nr * cols);
+        prefetch_l2(U + (size_t)r0 * cols, 2 * (size_t)nr * cols);
+    }
+    pdl_wait();
     int q = threadIdx.x & 3, up = (threadIdx.x >> 2) & 1;
     int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
     if (r - (threadIdx.x & 31) / 8 >= rows) return;
@@ -218,6 +264,7 @@ extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x
 }
 
 extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float* out, int n, int hd) {
+    pdl_start();
     int t = blockIdx.x;
     if (t >= n) return;
     const u16* row = table + (size_t)tokens[t] * hd;
@@ -226,6 +273,7 @@ extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float
 
 // out = w ⊙ (x · 1/sqrt(dot(x,x)/d + eps)) per row of d; out may alias x. One block (>= 32 threads) a row.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, int d, float eps) {
+    pdl_start();
     __shared__ float inv;
     int t = blockIdx.x;
     if (t >= n) return;
@@ -241,6 +289,7 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
 // AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur; α = softmax(inv_rms(v)·(v·w)).
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
                                         int n, int hd, float eps) {
+    pdl_start();
     __shared__ float alpha[16];
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
@@ -274,12 +323,8 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
     }
 }
 
-extern "C" __global__ void add_into(float* y, const float* x, int len) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < len) y[i] += x[i];
-}
-
 extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
+    pdl_start();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) y[i] *= sigmoidf_(g[i]);
 }
@@ -288,6 +333,7 @@ extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
 // raw = g[t][i] + dt_bias[i], h = i / dim. beta = sigmoid(beta) too.
 extern "C" __global__ void kda_gates(float* g, const float* dt_bias, const float* a_log, float* beta, int n, int w,
                                      int dim, int heads, int kind, float lower) {
+    pdl_start();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < n * w) {
         int i = idx % w, h = i / dim;
@@ -304,6 +350,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
                                           const float* gate, const float* conv_w, float* conv_state, float* S,
                                           const float* o_norm, float* out, int n, int heads, int dim, int kern,
                                           int norm_kind, float eps) {
+    pdl_start();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
     float* ks = sh + dim;      // dim
@@ -392,6 +439,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
 // MLA: normalise each row's latent into the cache at position start + t and copy its k_pe.
 extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, int start,
                                       int n, int kvl, int rope, float eps) {
+    pdl_start();
     __shared__ float inv;
     int t = blockIdx.x;
     const float* row = c + (size_t)t * (kvl + rope);
@@ -411,6 +459,7 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
 extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all,
                                       int ctx_cap, float* out, int n, int heads, int nope, int rope, int dv, int kvl,
                                       int start, float scale) {
+    pdl_start();
     extern __shared__ float sh[];
     float* q_lat = sh;
     float* ctx = sh + kvl;
@@ -466,43 +515,97 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     }
 }
 
-// Routed experts: one thread per expert row (the CPU's own shape), 32 accumulators in registers, one per lane
-// of the fixed order, the tree folded in-thread. A warp owns 32 consecutive rows and reads them in coalesced
-// 128-byte pieces (four rows per load instruction) into shared memory, from where each thread takes its own
-// row's 16-byte chunks; the next piece is in flight while the current one is computed. x is the same for every
-// thread of a block (broadcast loads).
-
-// Element k of an E2M1 word (bits 4k..4k+3) as f32 bits of e2m1 · 2^-126: magnitude m at bits 22..24 is exactly
-// that (m = 1 lands on the subnormal 2^-127), the sign at bit 31.
-__device__ __forceinline__ float e2m1_scaled(u32 w, int k) {
-    u32 s = k < 6 ? w << (22 - 4 * k) : w >> (4 * k - 22);
-    u32 sg = k < 7 ? w << (28 - 4 * k) : w;
-    return __int_as_float((int)((s & 0x01c00000u) | (sg & 0x80000000u)));
+// Routed experts: one thread per expert row, its accumulators in registers; x is the same for every thread of
+// a block (staged in shared memory, broadcast loads).
+//
+// MXFP4 experts have a device layout and summation order of their own, for speed: the CPU's order (32 lane
+// accumulators, each weight scaled before its fma) costs ~6 instructions a weight, this one ~4. Results agree
+// with the CPU to rounding (design.md: 1e-4 across backends), and each row's order is fixed, so a row's result
+// never depends on its batch. Copied into VRAM, each tensor is rearranged by `mx_repack`:
+// - rows in groups of 32 (the last may be shorter, ng rows): within a group, block (chunk) c of row r sits at
+//   (c·ng + r)·16 bytes and its scale at byte c·ng + r, so a warp's 32 rows read one block each as 512 (and
+//   32) contiguous bytes, straight into registers;
+// - within a block (16 bytes, four words; word i holds elements 8i..8i+7), element 8i+k, k < 6, sits at bits
+//   P, P+1, P+2 (mantissa, then the two exponent bits) and P+9 (sign) of word i, P = 0, 3, 6, 16, 19, 22: one
+//   shift and one mask place it as the f32 e2m1 · 2^-126 (the magnitude at bits 22..24 is exactly that, 0.5
+//   landing on the subnormal 2^-127; the sign at bit 31). Six such patterns are the most a word holds;
+//   elements 8i+6 and 8i+7 take the eight bits left, (10, 11, 14, 26) and (27, 13, 29, 30), three shifts each.
+__device__ __forceinline__ u32 mx_place(u32 nib, int m, int e0, int e1, int sg) {
+    return ((nib & 1u) << m) | (((nib >> 1) & 1u) << e0) | (((nib >> 2) & 1u) << e1) | (((nib >> 3) & 1u) << sg);
 }
 
-// One MXFP4 block into the 32 accumulators. e2m1 · 2^(s-127) is exact in f32, as on the CPU: for s <= 128 it is
-// one multiply of the 2^-126-scaled value by 2^(s-1); beyond, 2^(s-1) would overflow, so two multiplies.
-template <bool FAST>
-__device__ __forceinline__ void mx_block_as(float* acc, uint4 v, float c, const float* xb) {
-    u32 p[4] = {v.x, v.y, v.z, v.w};
+// A block's words from the checkpoint's order (element j at bits 4(j % 8).. of word j / 8, the sign in the
+// nibble's top bit) to the device order above.
+__device__ __forceinline__ uint4 mx_permute(uint4 v) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float4 f = ((const float4*)xb)[i];
-        float xv[4] = {f.x, f.y, f.z, f.w};
+    for (int j = 0; j < 4; j++) {
+        u32 o = 0;
+        const int P[6] = {0, 3, 6, 16, 19, 22};
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int j = 4 * i + k;
-            float w = e2m1_scaled(p[j / 8], j % 8);
-            acc[j] = fmaf((FAST ? w : w * 0x1p126f) * c, xv[k], acc[j]);
-        }
+        for (int k = 0; k < 6; k++) o |= mx_place(w[j] >> (4 * k), P[k], P[k] + 1, P[k] + 2, P[k] + 9);
+        o |= mx_place(w[j] >> 24, 10, 11, 14, 26);
+        o |= mx_place(w[j] >> 28, 27, 13, 29, 30);
+        w[j] = o;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+struct Parts { u64 off[6]; };
+
+// One 32-row group (blockIdx.x) of one tensor (blockIdx.y: w1p w1s w2p w2s w3p w3s) of an MXFP4 record, in
+// place, into the device layout. Dynamic shared memory: the group, 16 · max(width, inter) bytes.
+extern "C" __global__ void mx_repack(u8* rec, Parts parts, int width, int inter) {
+    pdl_start();
+    extern __shared__ uint4 sm[];
+    int t = blockIdx.y, down = t == 2 || t == 3;
+    int rows = down ? width : inter, nb = (down ? inter : width) / 32;
+    int r0 = blockIdx.x * 32;
+    if (r0 >= rows) return;
+    int ng = min(32, rows - r0), n = ng * nb;
+    if (t % 2 == 0) {
+        uint4* g = (uint4*)(rec + parts.off[t]) + (size_t)r0 * nb;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) sm[i] = g[i];
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) g[i] = mx_permute(sm[(i % ng) * nb + i / ng]);
+    } else {
+        u8* g = rec + parts.off[t] + (size_t)r0 * nb;
+        u8* sb = (u8*)sm;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) sb[i] = g[i];
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) g[i] = sb[(i % ng) * nb + i / ng];
     }
 }
 
-__device__ __forceinline__ void mx_block(float* acc, uint4 v, u32 s, const float* xb) {
-    if (s <= 128)
-        mx_block_as<true>(acc, v, __int_as_float((int)((s + 126u) << 23)), xb);
+// Element 8i + k of a device-layout word as f32 bits of e2m1 · 2^-126 (k a constant after unrolling).
+__device__ __forceinline__ float mx_weight(u32 w, int k) {
+    const int shift[6] = {22, 19, 16, 6, 3, 0};
+    u32 b;
+    if (k < 6)
+        b = (w << shift[k]) & 0x81c00000u;
+    else if (k == 6)
+        b = ((w << 12) & 0x00c00000u) | ((w << 10) & 0x01000000u) | ((w << 5) & 0x80000000u);
     else
-        mx_block_as<false>(acc, v, e8m0f(s), xb);
+        b = ((w >> 5) & 0x01400000u) | ((w << 10) & 0x00800000u) | ((w << 1) & 0x80000000u);
+    return __int_as_float((int)b);
+}
+
+// One MXFP4 block into acc: each word's eight products in an fma chain (four chains), summed
+// (c0 + c1) + (c2 + c3), then acc += partial · 2^(126−K) · 2^(s−127). x is staged times 2^K (see
+// stage_x_scaled), so each product e2m1 · 2^-126 · x · 2^K is e2m1 · x · 2^(K−126), exactly as rounded.
+__device__ __forceinline__ float mx_block(float acc, uint4 v, u32 s, const float* xb, float unscale) {
+    u32 p[4] = {v.x, v.y, v.z, v.w};
+    float part[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float4 a = ((const float4*)xb)[2 * i], b = ((const float4*)xb)[2 * i + 1];
+        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float c = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) c = fmaf(mx_weight(p[i], k), xv[k], c);
+        part[i] = c;
+    }
+    return fmaf(((part[0] + part[1]) + (part[2] + part[3])) * unscale, e8m0f(s), acc);
 }
 
 // Eight BF16 weights (lanes 8q..8q+7 of their block) into the accumulators.
@@ -544,15 +647,16 @@ __device__ __forceinline__ void cp_async_wait_prev() { asm volatile("cp.async.wa
 #define PITCH 9
 #define WARP_TILE (2 * 32 * PITCH)
 
-// Lane `lane` returns row (lane) · x for rows w + r·row_bytes, r < 32 (rows >= nrows repeat the last one).
-// MX: MXFP4 (chunk = one 32-element block, scales[r·cols/32 + block]) else BF16 (chunk = a quarter block).
-// cols % 32 == 0; rows 16-byte aligned. tile: WARP_TILE chunks of this warp's shared memory; x in shared
-// memory. A piece's scales are loaded one piece ahead (the arithmetic of a block needs its scale first).
-template <bool MX>
-__device__ float rows32(const u8* w, const u8* scales, int cols, int nrows, const float* x, uint4* tile) {
+// Lane `lane` returns row (lane) · x over `cols` elements (a multiple of 32, maybe 0) of BF16 rows `stride`
+// elements long, starting at w + r·row_bytes, r < 32 (rows >= nrows repeat the last one), in the CPU's lane
+// order within the range. The warp copies its rows in coalesced 128-byte pieces into shared memory (cp.async,
+// double-buffered: the next piece in flight while the current one is computed), from where each thread takes
+// its own row's 16-byte chunks (a quarter block). Rows 16-byte aligned; tile: WARP_TILE chunks of this warp's
+// shared memory; x in shared memory.
+__device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const float* x, uint4* tile) {
     int lane = threadIdx.x & 31;
-    int chunks = MX ? cols / 32 : cols / 8;
-    size_t row_bytes = (size_t)chunks * 16;
+    int chunks = cols / 8;
+    size_t row_bytes = (size_t)stride * 2;
     float acc[32];
 #pragma unroll
     for (int j = 0; j < 32; j++) acc[j] = 0.0f;
@@ -561,10 +665,6 @@ __device__ float rows32(const u8* w, const u8* scales, int cols, int nrows, cons
     const u8* src[PIECE];
 #pragma unroll
     for (int i = 0; i < PIECE; i++) src[i] = w + (size_t)min(rb + 4 * i, nrows - 1) * row_bytes + 16 * sub;
-    const u8* my_scales = scales + (size_t)min(lane, nrows - 1) * (cols / 32);
-    u32 sc[PIECE], sc_next[PIECE];
-#pragma unroll
-    for (int j = 0; j < PIECE; j++) sc[j] = MX && j < chunks ? __ldg(my_scales + j) : 0u;
 #pragma unroll
     for (int i = 0; i < PIECE; i++)
         if (sub < chunks) cp_async16(&tile[(rb + 4 * i) * PITCH + sub], src[i]);
@@ -577,91 +677,166 @@ __device__ float rows32(const u8* w, const u8* scales, int cols, int nrows, cons
         for (int i = 0; i < PIECE; i++)
             if (c1 + sub < chunks) cp_async16(&nb[(rb + 4 * i) * PITCH + sub], src[i] + 16 * c1);
         cp_async_commit();
-#pragma unroll
-        for (int j = 0; j < PIECE; j++) sc_next[j] = MX && c1 + j < chunks ? __ldg(my_scales + c1 + j) : 0u;
         cp_async_wait_prev();
         __syncwarp();
         const uint4* cur = tile + k * 32 * PITCH + lane * PITCH;
 #pragma unroll
-        for (int j = 0; j < PIECE; j++) {
-            if (c0 + j < chunks) {
-                uint4 v = cur[j];
-                if (MX)
-                    mx_block(acc, v, sc[j], x + 32 * (c0 + j));
-                else
-                    bf16_chunk(acc + 8 * (j % 4), v, x + 8 * (c0 + j));
-            }
-        }
+        for (int j = 0; j < PIECE; j++)
+            if (c0 + j < chunks) bf16_chunk(acc + 8 * (j % 4), cur[j], x + 8 * (c0 + j));
         __syncwarp();
-#pragma unroll
-        for (int j = 0; j < PIECE; j++) sc[j] = sc_next[j];
     }
     return fold32(acc);
 }
 
+// Lane `lane` returns row r0 + lane · x over blocks [b0, b1) of an MXFP4 matrix of `rows` rows and `cols`
+// columns in the device layout (weights W, scales S; r0 a multiple of 32; lanes past the last row repeat it).
+// x is staged by stage_expert_x, whose return value is `unscale`. Eight blocks are in flight: each register
+// slot is refilled with the block eight ahead as soon as it has been read.
+__device__ float rows32_mx(const u8* W, const u8* S, int rows, int cols, int r0, int b0, int b1, const float* x,
+                           float unscale) {
+    int lane = threadIdx.x & 31;
+    int ng = min(32, rows - r0), rl = min(lane, ng - 1);
+    const uint4* wp = (const uint4*)(W + (size_t)r0 * (cols / 2)) + rl;
+    const u8* sp = S + (size_t)r0 * (cols / 32) + rl;
+    uint4 buf[8];
+    u32 sb[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (b0 + j < b1) {
+            buf[j] = ldg_w(wp + (size_t)(b0 + j) * ng);
+            sb[j] = __ldg(sp + (size_t)(b0 + j) * ng);
+        }
+    float acc = 0.0f;
+    for (int c = b0; c < b1; c += 8) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint4 v = buf[j];
+            u32 s = sb[j];
+            if (c + 8 + j < b1) {
+                buf[j] = ldg_w(wp + (size_t)(c + 8 + j) * ng);
+                sb[j] = __ldg(sp + (size_t)(c + 8 + j) * ng);
+            }
+            if (c + j < b1) acc = mx_block(acc, v, s, x + 32 * (c + j), unscale);
+        }
+    }
+    return acc;
+}
+
+// x for the MXFP4 experts: staged times 2^K, K = min(126, 252 − the largest exponent field of the row), at least
+// −1 (infinities and NaN stay what they are), so no |x|·2^K overflows and with |x| < 2 it is exactly 2^126;
+// returns 2^(126−K), the factor that undoes both 2^K and the placed weights' 2^-126 (powers of two: exact).
+// BF16 experts: x as it is, and 1.
+template <bool MX>
+__device__ float stage_expert_x(float* xs, const float* x, int len) {
+    __shared__ int emax;
+    if (!MX) {
+        stage_x(xs, x, len);
+        return 1.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) emax = 0;
+    __syncthreads();
+    int e = 0;
+    for (int i = threadIdx.x; i < len / 4; i += blockDim.x) {
+        float4 v = __ldg((const float4*)x + i);
+        ((float4*)xs)[i] = v;
+        e = max(e, max(max((__float_as_int(v.x) >> 23) & 255, (__float_as_int(v.y) >> 23) & 255),
+                       max((__float_as_int(v.z) >> 23) & 255, (__float_as_int(v.w) >> 23) & 255)));
+    }
+    for (int h = 16; h >= 1; h >>= 1) e = max(e, __shfl_xor_sync(FULL, e, h));
+    if ((threadIdx.x & 31) == 0) atomicMax(&emax, e);  // a maximum: the same whatever the order
+    __syncthreads();
+    int k = max(-1, min(126, 252 - emax));
+    float up = __int_as_float((k + 127) << 23);
+    for (int i = threadIdx.x; i < len; i += blockDim.x) xs[i] *= up;
+    __syncthreads();
+    return __int_as_float((253 - k) << 23);
+}
+
 // Routed experts of one layer, a group of union entries at a time. For group entry u (blockIdx.y):
 // slots[u] = the record in VRAM; its rows are entries row_off[u] .. row_off[u+1] of rows[] (token rows).
-// enc 0: MXFP4 (w1p w1s w2p w2s w3p w3s); enc 1: BF16 (w1 w2 w3). part[] = byte offsets of those tensors.
-struct Parts { u64 off[6]; };
+// MXFP4: parts = byte offsets of w1p w1s w2p w2s w3p w3s; BF16: of w1 w2 w3. One kernel per encoding, so each
+// gets the registers of its own arithmetic.
 
-// 128 threads: 64 intermediate rows; even warps take the gate rows (w1), odd warps the up rows (w3) of the
-// same 32 rows, handed over through shared memory. Dynamic shared memory: 4 warp tiles, then x (width floats).
-extern "C" __global__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z,
-                                     float* a, int width, int inter, int enc, int act, Parts parts) {
+// 128 threads: 32 intermediate rows. Warp (half, up), up = warp & 1: the up rows (w3) or the gate rows (w1);
+// half = warp >> 1: blocks [0, nb/2) or [nb/2, nb) of each row (nb = width / 32). The halves meet through
+// shared memory and add as lo + hi, a fixed order. Half-rows give each expert four warps per 32 rows, so the
+// grid fills the GPU in near-whole waves. Dynamic shared memory: (BF16: 4 warp tiles, then) x (width floats).
+template <bool MX>
+__device__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z, float* a, int width,
+                          int inter, int act, Parts parts) {
     extern __shared__ uint4 dyn[];
-    float* xs = (float*)(dyn + 4 * WARP_TILE);
-    __shared__ float ups[2][32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1;
-    int r0 = blockIdx.x * 64 + (warp >> 1) * 32;
+    float* xs = (float*)(dyn + (MX ? 0 : 4 * WARP_TILE));
+    __shared__ float part[2][2][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1, half = warp >> 1;
+    int r0 = blockIdx.x * 32;
     int u = blockIdx.y;
-    int nrows = max(min(32, inter - r0), 1);
+    int nrows = min(32, inter - r0);
+    int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
-    u64 w_off = parts.off[0], s_off = parts.off[1];
-    if (up) {
-        w_off = enc == 0 ? parts.off[4] : parts.off[2];
-        s_off = parts.off[5];
-    }
-    size_t row_bytes = enc == 0 ? (size_t)width / 2 : (size_t)width * 2;
-    const u8* w = rec + w_off + (size_t)min(r0, inter - 1) * row_bytes;
-    const u8* sc = rec + s_off + (size_t)min(r0, inter - 1) * (width / 32);
+    const u8* w = rec + (up ? parts.off[MX ? 4 : 2] : parts.off[0]);
+    const u8* sc = rec + parts.off[up ? 5 : 1];
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_x(xs, z + (size_t)rows[e] * width, width);
-        uint4* tile = dyn + warp * WARP_TILE;
-        float v = 0.0f;
-        if (r0 < inter)
-            v = enc == 0 ? rows32<true>(w, sc, width, nrows, xs, tile) : rows32<false>(w, sc, width, nrows, xs, tile);
-        if (up) ups[warp >> 1][lane] = v;
+        float unscale = stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
+        part[up][half][lane] =
+            MX ? rows32_mx(w, sc, inter, width, r0, b0, b1, xs, unscale)
+               : rows32_bf16(w + ((size_t)r0 * width + 32 * b0) * 2, 32 * (b1 - b0), width, nrows, xs + 32 * b0,
+                             dyn + warp * WARP_TILE);
         __syncthreads();
-        if (!up && lane < nrows && r0 < inter) a[(size_t)e * inter + r0 + lane] = actf(act, v, ups[warp >> 1][lane]);
+        if (warp == 0 && lane < nrows)
+            a[(size_t)e * inter + r0 + lane] =
+                actf(act, part[0][0][lane] + part[0][1][lane], part[1][0][lane] + part[1][1][lane]);
     }
 }
 
-// 128 threads: 128 output rows. Dynamic shared memory: 4 warp tiles, then x (inter floats).
-extern "C" __global__ void expert_down(const u64* slots, const int* row_off, const float* a, float* y, int width,
-                                       int inter, int enc, Parts parts) {
+// 128 threads: 128 output rows. Dynamic shared memory: (BF16: 4 warp tiles, then) x (inter floats).
+template <bool MX>
+__device__ void expert_down(const u64* slots, const int* row_off, const float* a, float* y, int width, int inter,
+                            Parts parts) {
     extern __shared__ uint4 dyn[];
-    float* xs = (float*)(dyn + 4 * WARP_TILE);
+    float* xs = (float*)(dyn + (MX ? 0 : 4 * WARP_TILE));
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int r0 = blockIdx.x * 128 + warp * 32;
     int u = blockIdx.y;
     bool live = r0 < width;
-    int nrows = max(min(32, width - r0), 1);
-    r0 = min(r0, width - 1);
+    r0 = min(r0, (width - 1) / 32 * 32);
+    int nrows = min(32, width - r0);
     const u8* rec = (const u8*)slots[u];
-    size_t row_bytes = enc == 0 ? (size_t)inter / 2 : (size_t)inter * 2;
-    const u8* w = rec + (enc == 0 ? parts.off[2] : parts.off[1]) + (size_t)r0 * row_bytes;
-    const u8* sc = rec + parts.off[3] + (size_t)r0 * (inter / 32);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_x(xs, a + (size_t)e * inter, inter);
-        uint4* tile = dyn + warp * WARP_TILE;
-        float v = enc == 0 ? rows32<true>(w, sc, inter, nrows, xs, tile) : rows32<false>(w, sc, inter, nrows, xs, tile);
+        float unscale = stage_expert_x<MX>(xs, a + (size_t)e * inter, inter);
+        float v = MX ? rows32_mx(rec + parts.off[2], rec + parts.off[3], width, inter, r0, 0, inter / 32, xs, unscale)
+                     : rows32_bf16(rec + parts.off[1] + (size_t)r0 * inter * 2, inter, inter, nrows, xs,
+                                   dyn + warp * WARP_TILE);
         if (live && lane < nrows) y[(size_t)e * width + r0 + lane] = v;
     }
+}
+
+#define EXPERT_UP_ARGS                                                                                         \
+    const u64 *slots, const int *row_off, const int *rows, const float *z, float *a, int width, int inter, int act, \
+        Parts parts
+#define EXPERT_DOWN_ARGS \
+    const u64 *slots, const int *row_off, const float *a, float *y, int width, int inter, Parts parts
+extern "C" __global__ void expert_up_mx(EXPERT_UP_ARGS) {
+    pdl_start();
+    expert_up<true>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_up_bf16(EXPERT_UP_ARGS) {
+    pdl_start();
+    expert_up<false>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_down_mx(EXPERT_DOWN_ARGS) {
+    pdl_start();
+    expert_down<true>(slots, row_off, a, y, width, inter, parts);
+}
+extern "C" __global__ void expert_down_bf16(EXPERT_DOWN_ARGS) {
+    pdl_start();
+    expert_down<false>(slots, row_off, a, y, width, inter, parts);
 }
 
 // acc[t] = Σ_k w[t][k] · y[entry[t][k]], k over the row's experts in ascending id order (the canonical order).
 extern "C" __global__ void moe_combine(const float* y, const int* entry, const float* wts, float* acc, int n, int topk,
                                        int width) {
+    pdl_start();
     int t = blockIdx.x;
     int d = blockIdx.y * blockDim.x + threadIdx.x;
     if (d < width) {
@@ -685,6 +860,7 @@ __device__ __forceinline__ int total_key(float f) {
 // null. Dynamic shared memory: 3 · e + topk words.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
                                      int* ids, float* wts, const u64* table, u64* slots) {
+    pdl_start();
     extern __shared__ int rs[];
     int* key = rs;
     float* score = (float*)(rs + e);

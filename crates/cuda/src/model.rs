@@ -353,6 +353,16 @@ enum State {
 }
 
 /// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).
+/// How a matmul reads and writes its rows: x RMS-normalised first with `norm` (weights, eps) when given; y = W·x
+/// plus `add` (a device row block of the same shape) when non-zero, stored or, with `accumulate`, added into y.
+/// The forward pass's norms and residual adds are fused into the matmuls next to them (the same arithmetic).
+#[derive(Clone, Copy, Default)]
+struct Mm {
+    norm: Option<(u64, f32)>,
+    add: u64,
+    accumulate: bool,
+}
+
 struct Arena {
     buf: Option<DevBuf>,
     off: Cell<usize>,
@@ -786,6 +796,7 @@ impl CudaModel {
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         let _ = self.gpu.stream.synchronize();
         let _ = self.gpu.copy.synchronize();
+        let _ = self.gpu.prep.synchronize();
         drop(held);
         let out = result?;
         s.pos += n;
@@ -842,13 +853,18 @@ impl CudaModel {
     }
 
     fn mm(&self, a: &Arena, w: &Lin, x: u64, n: usize) -> Result<u64> {
+        self.mm_with(a, w, x, n, Mm::default())
+    }
+
+    fn mm_with(&self, a: &Arena, w: &Lin, x: u64, n: usize, mm: Mm) -> Result<u64> {
         let y = a.f32s(n * w.rows)?;
-        self.mm_into(w, x, y, n)?;
+        self.mm_into(w, x, y, n, mm)?;
         Ok(y)
     }
 
     /// `parts` times x, the parts fused back to back in `fused`: for one row a single matmul, whose output holds
-    /// the parts' outputs in order; otherwise one per part. Returns each part's output ([n][rows]).
+    /// the parts' outputs in order; otherwise one per part. Returns each part's output ([n][rows]). x is
+    /// normalised first with `norm` when given.
     fn mm_parts(
         &self,
         a: &Arena,
@@ -856,11 +872,16 @@ impl CudaModel {
         parts: &[&Lin],
         x: u64,
         n: usize,
+        norm: Option<(u64, f32)>,
     ) -> Result<Vec<u64>> {
+        let mm = Mm {
+            norm,
+            ..Mm::default()
+        };
         if n > 1 {
-            return parts.iter().map(|p| self.mm(a, p, x, n)).collect();
+            return parts.iter().map(|p| self.mm_with(a, p, x, n, mm)).collect();
         }
-        let mut at = self.mm(a, fused, x, 1)?;
+        let mut at = self.mm_with(a, fused, x, 1, mm)?;
         Ok(parts
             .iter()
             .map(|p| {
@@ -871,7 +892,8 @@ impl CudaModel {
             .collect())
     }
 
-    fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize) -> Result<()> {
+    fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize, mm: Mm) -> Result<()> {
+        let (norm_w, eps) = mm.norm.unwrap_or((0, 0.0));
         // A warp per row; shared memory: eight 4 KB pieces, then the x rows of a tile of four.
         Launch::new(
             &self.gpu,
@@ -886,6 +908,10 @@ impl CudaModel {
         .i(w.rows)
         .i(w.cols)
         .i(n)
+        .p(norm_w)
+        .f(eps)
+        .p(mm.add)
+        .i(mm.accumulate as usize)
         .go()
     }
 
@@ -897,14 +923,6 @@ impl CudaModel {
             .i(n)
             .i(d)
             .f(eps)
-            .go()
-    }
-
-    fn add(&self, y: u64, x: u64, len: usize) -> Result<()> {
-        Launch::new(&self.gpu, "add_into", (len.div_ceil(256) as u32, 1), 256, 0)
-            .p(y)
-            .p(x)
-            .i(len)
             .go()
     }
 
@@ -922,7 +940,8 @@ impl CudaModel {
             .go()
     }
 
-    fn mlp(&self, a: &Arena, m: &Mlp, x: u64, n: usize) -> Result<u64> {
+    /// The gated MLP of x into `y` (see [`Mm`]).
+    fn mlp(&self, a: &Arena, m: &Mlp, x: u64, n: usize, y: u64, out: Mm) -> Result<()> {
         let act = a.f32s(n * m.gate.rows)?;
         let kind = if self.cfg.family == Family::KimiK3 {
             0
@@ -946,7 +965,7 @@ impl CudaModel {
         .i(n)
         .i(kind)
         .go()?;
-        self.mm(a, &m.down, act, n)
+        self.mm_into(&m.down, act, y, n, out)
     }
 
     /// `held`: store records whose copies to the device may still be in flight (see `moe`).
@@ -987,12 +1006,8 @@ impl CudaModel {
                 .as_ref()
                 .and_then(|st| Some((st, st.index[l]?)));
             if let Some((st, j)) = streamed {
-                self.gpu
-                    .stream
-                    .wait(&st.copied[j % 2])
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.wait(&st.copied[j % 2])?;
             }
-            let x = a.f32s(n * hd)?;
             match block {
                 Some(block) => {
                     // K3: a = Mix([anchors…, h]) (or h); a block boundary makes h an anchor and restarts the sum.
@@ -1000,64 +1015,83 @@ impl CudaModel {
                         .attn_res
                         .as_ref()
                         .expect("K3 layers carry AttnRes weights");
-                    if na == 0 {
-                        self.gpu.dtod(x, h, 4 * n * hd)?;
-                    } else {
-                        self.mix(anchors, na, h, res, x, n)?;
-                    }
                     let restart = l % block == 0;
                     if restart {
                         self.gpu
                             .dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
-                        na += 1;
                     }
-                    self.rms(x, layer.input_norm.ptr(), x, n, hd, eps)?;
-                    let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
-                    // q = prefix + o, kept in h.
-                    if restart {
-                        self.gpu.dtod(h, o, 4 * n * hd)?;
+                    // The mix over no anchors is h itself. Its RMS norm is fused into the attention's input
+                    // matmul.
+                    let mixed = if na == 0 {
+                        h
                     } else {
-                        self.add(h, o, n * hd)?;
-                    }
+                        let x = a.f32s(n * hd)?;
+                        self.mix(anchors, na, h, res, x, n)?;
+                        x
+                    };
+                    na += restart as usize;
+                    // q = prefix + o, kept in h (a block boundary restarts the sum: h = o).
+                    let out = Mm {
+                        accumulate: !restart,
+                        ..Mm::default()
+                    };
+                    let norm = (layer.input_norm.ptr(), eps);
+                    self.attention(
+                        a,
+                        &layer.attn,
+                        mixed,
+                        norm,
+                        n,
+                        &mut s.layers[l],
+                        s.pos,
+                        h,
+                        out,
+                    )?;
                     let m = a.f32s(n * hd)?;
                     self.mix(anchors, na, h, layer.mlp_res.as_ref().expect("K3"), m, n)?;
                     self.rms(m, layer.post_norm.ptr(), m, n, hd, eps)?;
-                    let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
-                    self.add(h, y, n * hd)?;
+                    self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
                 }
                 None => {
                     // Kimi Linear: h += Attn(RMS(h)); h += MLP(RMS(h)).
-                    self.rms(h, layer.input_norm.ptr(), x, n, hd, eps)?;
-                    let o = self.attention(a, &layer.attn, x, n, &mut s.layers[l], s.pos)?;
-                    self.add(h, o, n * hd)?;
+                    let out = Mm {
+                        accumulate: true,
+                        ..Mm::default()
+                    };
+                    let norm = (layer.input_norm.ptr(), eps);
+                    self.attention(a, &layer.attn, h, norm, n, &mut s.layers[l], s.pos, h, out)?;
                     let m = a.f32s(n * hd)?;
                     self.rms(h, layer.post_norm.ptr(), m, n, hd, eps)?;
-                    let y = self.ffn(a, l, &layer.ffn, m, n, stats, held)?;
-                    self.add(h, y, n * hd)?;
+                    self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
                 }
             }
             if let Some((st, j)) = streamed {
                 // The buffer is free once this layer's kernels are done: the layer two ahead goes in next.
-                st.freed[j % 2]
-                    .record(&self.gpu.stream)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.record(&st.freed[j % 2])?;
                 if j + 2 < st.images.len() {
                     self.copy_layer(st, j + 2)?;
                 }
             }
         }
         a.off.set(mark);
-        let f = a.f32s(n * hd)?;
-        match &self.out_res {
-            Some(w) => self.mix(anchors, na, h, w, f, n)?,
-            None => self.gpu.dtod(f, h, 4 * n * hd)?,
-        }
+        let f = match &self.out_res {
+            Some(w) => {
+                let f = a.f32s(n * hd)?;
+                self.mix(anchors, na, h, w, f, n)?;
+                f
+            }
+            None => h,
+        };
         let (f, m) = match rows {
             LogitRows::All => (f, n),
             LogitRows::Last => (f + (4 * (n - 1) * hd) as u64, 1),
         };
-        self.rms(f, self.norm.ptr(), f, m, hd, eps)?;
-        let logits = self.mm(a, &self.lm_head, f, m)?;
+        // The final norm is fused into the head.
+        let norm = Mm {
+            norm: Some((self.norm.ptr(), eps)),
+            ..Mm::default()
+        };
+        let logits = self.mm_with(a, &self.lm_head, f, m, norm)?;
         self.gpu.dtoh(logits, m * self.cfg.vocab_size)
     }
 
@@ -1084,17 +1118,26 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The attention block of RMS(x) (`norm`: its weights and eps), its output projection into `y` (see
+    /// [`Mm`]).
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         a: &Arena,
         attn: &Attn,
         x: u64,
+        norm: (u64, f32),
         n: usize,
         st: &mut State,
         pos: usize,
-    ) -> Result<u64> {
+        y: u64,
+        out: Mm,
+    ) -> Result<()> {
         match (attn, st) {
-            (Attn::Kda(k), State::Kda { conv, s }) => self.kda(a, k, x, n, conv.ptr, s.ptr),
+            (Attn::Kda(k), State::Kda { conv, s }) => {
+                let o = self.kda(a, k, x, norm, n, conv.ptr, s.ptr)?;
+                self.mm_into(&k.o, o, y, n, out)
+            }
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
                 if pos + n > *cap {
                     // Grow the latent cache (rare: doubling), keeping what it holds.
@@ -1108,13 +1151,25 @@ impl CudaModel {
                         .map_err(|e| anyhow!("{e:?}"))?;
                     (*lat, *pe, *cap) = (nl, np, new_cap);
                 }
-                self.mla(a, m, x, n, lat.ptr, pe.ptr, pos)
+                let o = self.mla(a, m, x, norm, n, lat.ptr, pe.ptr, pos)?;
+                self.mm_into(&m.o, o, y, n, out)
             }
             _ => unreachable!("a session's states are made by the same model's layers"),
         }
     }
 
-    fn kda(&self, a: &Arena, k: &Kda, x: u64, n: usize, conv_state: u64, s: u64) -> Result<u64> {
+    /// KDA of RMS(x) up to its output projection (the gated, normalised heads).
+    #[allow(clippy::too_many_arguments)]
+    fn kda(
+        &self,
+        a: &Arena,
+        k: &Kda,
+        x: u64,
+        norm: (u64, f32),
+        n: usize,
+        conv_state: u64,
+        s: u64,
+    ) -> Result<u64> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
         let y = self.mm_parts(
@@ -1123,6 +1178,7 @@ impl CudaModel {
             &[&k.q, &k.k, &k.v, &k.f_a, k.gate.first(), &k.b],
             x,
             n,
+            Some(norm),
         )?;
         let (q, kk, v, fa, gate_in, beta) = (y[0], y[1], y[2], y[3], y[4], y[5]);
         let g = self.mm(a, &k.f_b, fa, n)?;
@@ -1174,15 +1230,17 @@ impl CudaModel {
         .i(k.kind)
         .f(self.cfg.rms_norm_eps)
         .go()?;
-        self.mm(a, &k.o, out, n)
+        Ok(out)
     }
 
+    /// MLA of RMS(x) up to its output projection (the heads' attention outputs, gated where the layer has a gate).
     #[allow(clippy::too_many_arguments)]
     fn mla(
         &self,
         a: &Arena,
         m: &Mla,
         x: u64,
+        norm: (u64, f32),
         n: usize,
         lat: u64,
         pe: u64,
@@ -1190,11 +1248,14 @@ impl CudaModel {
     ) -> Result<u64> {
         let mut parts = vec![m.q.first(), &m.kv_a];
         parts.extend(m.gate.as_ref());
-        let y = self.mm_parts(a, &m.xin, &parts, x, n)?;
+        let y = self.mm_parts(a, &m.xin, &parts, x, n, Some(norm))?;
         let q = match &m.q {
-            QPath::Low { a: qa, norm, b } => {
-                self.rms(y[0], norm.ptr(), y[0], n, qa.rows, m.eps)?;
-                self.mm(a, b, y[0], n)?
+            QPath::Low { norm, b, .. } => {
+                let norm = Mm {
+                    norm: Some((norm.ptr(), m.eps)),
+                    ..Mm::default()
+                };
+                self.mm_with(a, b, y[0], n, norm)?
             }
             QPath::Direct(_) => y[0],
         };
@@ -1252,9 +1313,10 @@ impl CudaModel {
             .i(len)
             .go()?;
         }
-        self.mm(a, &m.o, attn, n)
+        Ok(attn)
     }
 
+    /// h += FFN(x).
     #[allow(clippy::too_many_arguments)]
     fn ffn<'s>(
         &'s self,
@@ -1265,11 +1327,22 @@ impl CudaModel {
         n: usize,
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-    ) -> Result<u64> {
+        h: u64,
+    ) -> Result<()> {
         match ffn {
-            Ffn::Dense(m) => self.mlp(a, m, x, n),
+            Ffn::Dense(m) => self.mlp(
+                a,
+                m,
+                x,
+                n,
+                h,
+                Mm {
+                    accumulate: true,
+                    ..Mm::default()
+                },
+            ),
             Ffn::Moe(m) => self
-                .moe(a, l, m, x, n, stats, held)
+                .moe(a, l, m, x, n, stats, held, h)
                 .with_context(|| format!("layer {l}")),
         }
     }
@@ -1284,14 +1357,15 @@ impl CudaModel {
         n: usize,
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-    ) -> Result<u64> {
+        h: u64,
+    ) -> Result<()> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
         let lay = &self.layout;
         // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
         let (z, logits) = match (&m.latent, &m.xin) {
             (Some((down, _, _)), Some(xin)) => {
-                let y = self.mm_parts(a, xin, &[down, &m.router], x, n)?;
+                let y = self.mm_parts(a, xin, &[down, &m.router], x, n, None)?;
                 (y[0], y[1])
             }
             _ => (x, self.mm(a, &m.router, x, n)?),
@@ -1359,14 +1433,27 @@ impl CudaModel {
         .go()?;
         let routed = match &m.latent {
             Some((_, norm, up)) => {
-                self.rms(acc, norm.ptr(), acc, n, lay.width, self.cfg.rms_norm_eps)?;
-                self.mm(a, up, acc, n)?
+                let norm = Mm {
+                    norm: Some((norm.ptr(), self.cfg.rms_norm_eps)),
+                    ..Mm::default()
+                };
+                self.mm_with(a, up, acc, n, norm)?
             }
             None => acc,
         };
-        let out = self.mlp(a, &m.shared, x, n)?;
-        self.add(out, routed, n * self.cfg.hidden)?;
-        Ok(out)
+        // h += shared + routed, the sum as the CPU forms it (shared output, then the routed part added).
+        self.mlp(
+            a,
+            &m.shared,
+            x,
+            n,
+            h,
+            Mm {
+                add: routed,
+                accumulate: true,
+                ..Mm::default()
+            },
+        )
     }
 
     /// The routed experts with the selection `ids` ([n][top_k] on the device) brought to the host: each chosen
@@ -1429,11 +1516,7 @@ impl CudaModel {
             let t0 = Instant::now();
             if wi > 0 {
                 // The misses may overwrite slots the previous wave's kernels read.
-                let done = self
-                    .gpu
-                    .stream
-                    .record_event(None)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                let done = self.gpu.mark()?;
                 self.gpu.copy.wait(&done).map_err(|e| anyhow!("{e:?}"))?;
             }
             let todo: Vec<(usize, u64)> = w
@@ -1443,15 +1526,8 @@ impl CudaModel {
                 .collect();
             self.copy_in(&mut cache, layer, &todo, held)?;
             cache.counters.stage_secs += t0.elapsed().as_secs_f64();
-            let copied = self
-                .gpu
-                .copy
-                .record_event(None)
-                .map_err(|e| anyhow!("{e:?}"))?;
-            self.gpu
-                .stream
-                .wait(&copied)
-                .map_err(|e| anyhow!("{e:?}"))?;
+            let copied = self.copies_done()?;
+            self.gpu.wait(&copied)?;
             let misses: Vec<(usize, u64)> = w
                 .misses
                 .iter()
@@ -1524,9 +1600,58 @@ impl CudaModel {
                 .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
                 ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
             }
+            if self.layout.mxfp4 {
+                let copied = self
+                    .gpu
+                    .copy
+                    .record_event(None)
+                    .map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.prep.wait(&copied).map_err(|e| anyhow!("{e:?}"))?;
+                self.repack(dst)?;
+            }
             cache.counters.h2d_bytes += len as u64;
         }
         Ok(())
+    }
+
+    /// Rearranges a just-copied MXFP4 record into the expert kernels' device layout (kernels.cu, `mx_repack`),
+    /// on the prep stream, ordered after its copy.
+    fn repack(&self, dst: u64) -> Result<()> {
+        let lay = &self.layout;
+        // A block holds one 32-row group of a tensor.
+        let long = lay.width.max(lay.inter);
+        let smem = 16 * long;
+        if smem > self.gpu.smem_max {
+            bail!(
+                "expert matrices {} wide need {smem} bytes of shared memory per block to be rearranged on the GPU; \
+                 this GPU offers {}: run this model on the CPU",
+                long,
+                self.gpu.smem_max
+            );
+        }
+        Launch::new(
+            &self.gpu,
+            "mx_repack",
+            (long.div_ceil(32) as u32, 6),
+            256,
+            smem as u32,
+        )
+        .on_prep_stream()
+        .p(dst)
+        .parts(lay.parts)
+        .i(lay.width)
+        .i(lay.inter)
+        .go()
+    }
+
+    /// An event after every copy issued so far and, for MXFP4 experts, their rearrangement.
+    fn copies_done(&self) -> Result<CudaEvent> {
+        let s = if self.layout.mxfp4 {
+            &self.gpu.prep
+        } else {
+            &self.gpu.copy
+        };
+        s.record_event(None).map_err(|e| anyhow!("{e:?}"))
     }
 
     /// Fills the VRAM cache with every routed expert (when it holds them all): "resident" then means resident
@@ -1549,6 +1674,10 @@ impl CudaModel {
                 .synchronize()
                 .map_err(|e| anyhow!("copying experts to the GPU: {e:?}"))?;
         }
+        self.gpu
+            .prep
+            .synchronize()
+            .map_err(|e| anyhow!("readying experts on the GPU: {e:?}"))?;
         cache.counters = CudaCounters::default();
         Ok(())
     }
@@ -1653,17 +1782,21 @@ impl CudaModel {
         y: u64,
     ) -> Result<()> {
         let lay = &self.layout;
-        let (enc, act_kind) = if lay.mxfp4 { (0, 0) } else { (1, 1) };
+        let (up, down, act_kind) = if lay.mxfp4 {
+            ("expert_up_mx", "expert_down_mx", 0)
+        } else {
+            ("expert_up_bf16", "expert_down_bf16", 1)
+        };
         let g = g as u32;
-        // A thread per row: two per intermediate row (gate, up) in expert_up, one per output row in expert_down.
-        // Shared memory: four warps' double-buffered tiles, then the x row.
-        const TILES: usize = 4 * 2 * 32 * 9 * 16;
+        // A thread per row: four per intermediate row (gate and up, each in two halves) in expert_up, one per
+        // output row in expert_down. Shared memory: for BF16 four warps' double-buffered tiles; then the x row.
+        let tiles = if lay.mxfp4 { 0 } else { 4 * 2 * 32 * 9 * 16 };
         Launch::new(
             &self.gpu,
-            "expert_up",
-            (lay.inter.div_ceil(64) as u32, g),
+            up,
+            (lay.inter.div_ceil(32) as u32, g),
             128,
-            (TILES + 4 * lay.width) as u32,
+            (tiles + 4 * lay.width) as u32,
         )
         .p(slots)
         .p(row_off)
@@ -1672,16 +1805,15 @@ impl CudaModel {
         .p(act)
         .i(lay.width)
         .i(lay.inter)
-        .i(enc)
         .i(act_kind)
         .parts(lay.parts)
         .go()?;
         Launch::new(
             &self.gpu,
-            "expert_down",
+            down,
             (lay.width.div_ceil(128) as u32, g),
             128,
-            (TILES + 4 * lay.inter) as u32,
+            (tiles + 4 * lay.inter) as u32,
         )
         .p(slots)
         .p(row_off)
@@ -1689,7 +1821,6 @@ impl CudaModel {
         .p(y)
         .i(lay.width)
         .i(lay.inter)
-        .i(enc)
         .parts(lay.parts)
         .go()
     }
