@@ -4,11 +4,11 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The kernels' CUDA C source, compiled at run time for the GPU in hand.
@@ -102,11 +102,6 @@ pub struct Gpu {
     pub sm: (i32, i32),
     /// Shared memory a block may take (opted in).
     pub smem_max: usize,
-    /// Programmatic dependent launch is available (sm_90+).
-    pdl: bool,
-    /// The compute stream's last operation was a kernel launch: only then does the next launch overlap its
-    /// start with it (a copy or an event between them keeps the plain full ordering).
-    chained: AtomicBool,
 }
 
 impl Gpu {
@@ -168,26 +163,21 @@ impl Gpu {
             name,
             sm,
             smem_max: smem_max as usize,
-            pdl: sm.0 >= 9,
-            chained: AtomicBool::new(false),
         })
     }
 
     /// Orders the compute stream after `ev`.
     pub fn wait(&self, ev: &CudaEvent) -> Result<()> {
-        self.chained.store(false, Ordering::Relaxed);
         self.stream.wait(ev).map_err(|e| anyhow!("{e:?}"))
     }
 
     /// Records `ev` on the compute stream (after everything issued so far).
     pub fn record(&self, ev: &CudaEvent) -> Result<()> {
-        self.chained.store(false, Ordering::Relaxed);
         ev.record(&self.stream).map_err(|e| anyhow!("{e:?}"))
     }
 
     /// A new event recorded on the compute stream.
     pub fn mark(&self) -> Result<CudaEvent> {
-        self.chained.store(false, Ordering::Relaxed);
         self.stream.record_event(None).map_err(|e| anyhow!("{e:?}"))
     }
 
@@ -234,7 +224,6 @@ impl Gpu {
             *rb = Some(Pinned::new(self, bytes.next_power_of_two(), false)?);
         }
         let pinned = rb.as_mut().expect("sized above");
-        self.chained.store(false, Ordering::Relaxed);
         // SAFETY: src holds `bytes`; the buffer is synchronised before it is read.
         unsafe {
             cu::memcpy_dtoh_async(
@@ -261,14 +250,12 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
-        self.chained.store(false, Ordering::Relaxed);
         // SAFETY: see above.
         unsafe { cu::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
             .map_err(|e| anyhow!("host-to-device copy: {e:?}"))
     }
 
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.chained.store(false, Ordering::Relaxed);
         // SAFETY: both ranges are device allocations of at least `bytes`.
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(|e| anyhow!("device copy: {e:?}"))
@@ -281,39 +268,28 @@ impl Gpu {
     }
 }
 
-/// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64). Launches go
-/// to the compute stream, where each may start while the kernel before it finishes (programmatic dependent
-/// launch: the kernels wait for their predecessor before reading its results), or to the prep stream.
+/// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64), on the compute
+/// stream or the prep stream.
 pub struct Launch<'a> {
     gpu: &'a Gpu,
     name: &'static str,
-    grid: (u32, u32),
-    block: u32,
-    shared: u32,
+    cfg: LaunchConfig,
     on_prep: bool,
     args: Vec<Arg>,
 }
 
-#[derive(Clone, Copy)]
-#[repr(C)]
-enum Arg {
+pub enum Arg {
     Ptr(u64),
     I(i32),
     F(f32),
     Parts([u64; 6]),
 }
 
-impl Arg {
-    /// The address of the value itself, as cuLaunchKernel takes each parameter.
-    fn value_ptr(&mut self) -> *mut c_void {
-        match self {
-            Arg::Ptr(v) => v as *mut u64 as *mut c_void,
-            Arg::I(v) => v as *mut i32 as *mut c_void,
-            Arg::F(v) => v as *mut f32 as *mut c_void,
-            Arg::Parts(v) => v.as_mut_ptr() as *mut c_void,
-        }
-    }
-}
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Parts(pub [u64; 6]);
+// SAFETY: a plain C struct of six u64, as the kernels declare it.
+unsafe impl cudarc::driver::DeviceRepr for Parts {}
 
 impl<'a> Launch<'a> {
     pub fn new(
@@ -326,9 +302,11 @@ impl<'a> Launch<'a> {
         Launch {
             gpu,
             name,
-            grid: (grid.0.max(1), grid.1.max(1)),
-            block,
-            shared,
+            cfg: LaunchConfig {
+                grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: shared,
+            },
             on_prep: false,
             args: Vec::new(),
         }
@@ -355,47 +333,39 @@ impl<'a> Launch<'a> {
         self.args.push(Arg::Parts(v));
         self
     }
-    pub fn go(mut self) -> Result<()> {
-        let g = self.gpu;
-        let f = g.func(self.name);
-        let stream = if self.on_prep { &g.prep } else { &g.stream };
-        let overlap = !self.on_prep && g.pdl && g.chained.load(Ordering::Relaxed);
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue {
-                programmaticStreamSerializationAllowed: 1,
-            },
+    pub fn go(self) -> Result<()> {
+        let f = self.gpu.func(self.name);
+        let parts: Vec<Parts> = self
+            .args
+            .iter()
+            .filter_map(|a| {
+                if let Arg::Parts(p) = a {
+                    Some(Parts(*p))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let stream = if self.on_prep {
+            &self.gpu.prep
+        } else {
+            &self.gpu.stream
         };
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: self.grid.0,
-            gridDimY: self.grid.1,
-            gridDimZ: 1,
-            blockDimX: self.block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: self.shared,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: overlap as u32,
-        };
-        let mut params: Vec<*mut c_void> = self.args.iter_mut().map(Arg::value_ptr).collect();
-        g.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
-        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel); every
-        // parameter pointer points into `self.args`, alive for the call (the driver copies the values).
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-            .result()
+        let mut b = stream.launch_builder(f);
+        let mut pi = 0;
+        for a in &self.args {
+            match a {
+                Arg::Ptr(v) => b.arg(v),
+                Arg::I(v) => b.arg(v),
+                Arg::F(v) => b.arg(v),
+                Arg::Parts(_) => {
+                    pi += 1;
+                    b.arg(&parts[pi - 1])
+                }
+            };
         }
-        .map_err(|e| anyhow!("launching {}: {e:?}", self.name))?;
-        if !self.on_prep {
-            g.chained.store(true, Ordering::Relaxed);
-        }
+        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel).
+        unsafe { b.launch(self.cfg) }.map_err(|e| anyhow!("launching {}: {e:?}", self.name))?;
         Ok(())
     }
 }

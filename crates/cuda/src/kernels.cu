@@ -28,26 +28,8 @@ __device__ __forceinline__ float fold_lanes(float acc) {
     return acc;
 }
 
-// Programmatic dependent launch (sm_90+; the host sets the attribute only there): every kernel lets the next one
-// be scheduled at once, and waits for the previous grid (its memory included) before it reads anything a
-// kernel before it wrote. Every block reaches the wait before it can exit, so completion stays transitive
-// along the stream. Reading constant weights ahead of the wait (`prefetch_l2`) overlaps their first fetches
-// with the previous kernel's tail.
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_start() {
-    pdl_trigger();
-    pdl_wait();
-}
-// The block asks L2 for bytes [p, p + len) of constant weights, one 256-byte line per thread and step.
+// The block asks L2 for bytes [p, p + len) of constant weights, one 256-byte line per thread and step: their
+// fetch overlaps the staging of x.
 __device__ __forceinline__ void prefetch_l2(const void* p, size_t len) {
     for (size_t off = (size_t)threadIdx.x * 256; off < len; off += (size_t)blockDim.x * 256)
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + off));
@@ -175,9 +157,7 @@ __device__ __forceinline__ void stage_x(float* xs, const float* x, int len) {
 // `accumulate` (residual adds fused).
 extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n,
                                        const float* norm_w, float eps, const float* add, int accumulate) {
-    pdl_trigger();
     prefetch_l2(W + (size_t)blockIdx.x * 8 * cols, 2 * (size_t)min(8, rows - (int)blockIdx.x * 8) * cols);
-    pdl_wait();
     extern __shared__ uint4 dyn[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint4* piece = dyn + warp * 256;
@@ -240,13 +220,11 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
 // four on the gate row, four on the up row.
 extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
                                       int n, int act) {
-    pdl_trigger();
     {
         int r0 = blockIdx.x * (blockDim.x / 8), nr = min((int)blockDim.x / 8, rows - r0);
         prefetch_l2(G + (size_t)r0 * cols, 2 * (size_t)nr * cols);
         prefetch_l2(U + (size_t)r0 * cols, 2 * (size_t)nr * cols);
     }
-    pdl_wait();
     int q = threadIdx.x & 3, up = (threadIdx.x >> 2) & 1;
     int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
     if (r - (threadIdx.x & 31) / 8 >= rows) return;
@@ -264,7 +242,6 @@ extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x
 }
 
 extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float* out, int n, int hd) {
-    pdl_start();
     int t = blockIdx.x;
     if (t >= n) return;
     const u16* row = table + (size_t)tokens[t] * hd;
@@ -273,7 +250,6 @@ extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float
 
 // out = w ⊙ (x · 1/sqrt(dot(x,x)/d + eps)) per row of d; out may alias x. One block (>= 32 threads) a row.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, int d, float eps) {
-    pdl_start();
     __shared__ float inv;
     int t = blockIdx.x;
     if (t >= n) return;
@@ -289,7 +265,6 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
 // AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur; α = softmax(inv_rms(v)·(v·w)).
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
                                         int n, int hd, float eps) {
-    pdl_start();
     __shared__ float alpha[16];
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
@@ -324,7 +299,6 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
 }
 
 extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
-    pdl_start();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) y[i] *= sigmoidf_(g[i]);
 }
@@ -333,7 +307,6 @@ extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
 // raw = g[t][i] + dt_bias[i], h = i / dim. beta = sigmoid(beta) too.
 extern "C" __global__ void kda_gates(float* g, const float* dt_bias, const float* a_log, float* beta, int n, int w,
                                      int dim, int heads, int kind, float lower) {
-    pdl_start();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < n * w) {
         int i = idx % w, h = i / dim;
@@ -350,7 +323,6 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
                                           const float* gate, const float* conv_w, float* conv_state, float* S,
                                           const float* o_norm, float* out, int n, int heads, int dim, int kern,
                                           int norm_kind, float eps) {
-    pdl_start();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
     float* ks = sh + dim;      // dim
@@ -439,7 +411,6 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
 // MLA: normalise each row's latent into the cache at position start + t and copy its k_pe.
 extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, int start,
                                       int n, int kvl, int rope, float eps) {
-    pdl_start();
     __shared__ float inv;
     int t = blockIdx.x;
     const float* row = c + (size_t)t * (kvl + rope);
@@ -459,7 +430,6 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
 extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all,
                                       int ctx_cap, float* out, int n, int heads, int nope, int rope, int dv, int kvl,
                                       int start, float scale) {
-    pdl_start();
     extern __shared__ float sh[];
     float* q_lat = sh;
     float* ctx = sh + kvl;
@@ -556,7 +526,6 @@ struct Parts { u64 off[6]; };
 // One 32-row group (blockIdx.x) of one tensor (blockIdx.y: w1p w1s w2p w2s w3p w3s) of an MXFP4 record, in
 // place, into the device layout. Dynamic shared memory: the group, 16 · max(width, inter) bytes.
 extern "C" __global__ void mx_repack(u8* rec, Parts parts, int width, int inter) {
-    pdl_start();
     extern __shared__ uint4 sm[];
     int t = blockIdx.y, down = t == 2 || t == 3;
     int rows = down ? width : inter, nb = (down ? inter : width) / 32;
@@ -817,26 +786,21 @@ __device__ void expert_down(const u64* slots, const int* row_off, const float* a
 #define EXPERT_DOWN_ARGS \
     const u64 *slots, const int *row_off, const float *a, float *y, int width, int inter, Parts parts
 extern "C" __global__ void expert_up_mx(EXPERT_UP_ARGS) {
-    pdl_start();
     expert_up<true>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_up_bf16(EXPERT_UP_ARGS) {
-    pdl_start();
     expert_up<false>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_down_mx(EXPERT_DOWN_ARGS) {
-    pdl_start();
     expert_down<true>(slots, row_off, a, y, width, inter, parts);
 }
 extern "C" __global__ void expert_down_bf16(EXPERT_DOWN_ARGS) {
-    pdl_start();
     expert_down<false>(slots, row_off, a, y, width, inter, parts);
 }
 
 // acc[t] = Σ_k w[t][k] · y[entry[t][k]], k over the row's experts in ascending id order (the canonical order).
 extern "C" __global__ void moe_combine(const float* y, const int* entry, const float* wts, float* acc, int n, int topk,
                                        int width) {
-    pdl_start();
     int t = blockIdx.x;
     int d = blockIdx.y * blockDim.x + threadIdx.x;
     if (d < width) {
@@ -860,7 +824,6 @@ __device__ __forceinline__ int total_key(float f) {
 // null. Dynamic shared memory: 3 · e + topk words.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
                                      int* ids, float* wts, const u64* table, u64* slots) {
-    pdl_start();
     extern __shared__ int rs[];
     int* key = rs;
     float* score = (float*)(rs + e);
