@@ -283,7 +283,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut failure: Option<anyhow::Error> = None;
         STOP_REPLY.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
-        let result = generate_in(&model, &mut session, &req, &stats, |token, _| {
+        let result = generate_in(&model, session, &req, &stats, |token, _| {
             prefill.finish_and_clear();
             if STOP_REPLY.load(Ordering::SeqCst) {
                 return Flow::Stop;
@@ -301,7 +301,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         });
         GENERATING.store(false, Ordering::SeqCst);
         prefill.finish_and_clear();
-        let output = result?;
+        let output;
+        (output, session) = result?;
         if let Some(e) = failure {
             return Err(e);
         }

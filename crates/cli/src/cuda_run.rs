@@ -7,7 +7,7 @@ use clap::Args;
 use deltafin_cuda::{CudaModel, CudaOptions, Device};
 use deltafin_engine::sampler::argmax;
 use deltafin_formats::npy;
-use deltafin_models::{LoadOptions, LogitRows, Stats};
+use deltafin_models::{Backend, LoadOptions, LogitRows, Stats};
 use deltafin_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::Path;
@@ -144,7 +144,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions, dev: &DeviceArgs) -> 
     let med = deltafin_cuda::probe::median(&mut sorted);
     eprintln!(
         "[cuda] {} | load {load_secs:.2}s | prefill {} tok {prefill_secs:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
-        model.device_name(),
+        model.kernels(),
         prompt.len(),
         step_secs.len(),
         med * 1e3,
