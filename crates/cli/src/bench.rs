@@ -9,7 +9,7 @@ use crate::store_args::{parse_size, StoreArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Stats};
 use deltafin_store::{probe, Snapshot};
 use serde_json::json;
 use std::path::{Path, PathBuf};

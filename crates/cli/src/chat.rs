@@ -1,13 +1,15 @@
 //! `deltafin chat`: an interactive conversation, plus the chat prompt and reply printing that `run --chat`
 //! shares.
 
+use crate::device::DeviceArgs;
 use crate::progress;
 use crate::store_args::StoreArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use deltafin_cuda::Device;
 use deltafin_engine::{generate_in, FinishReason, Flow, Request};
 use deltafin_formats::config::Family;
-use deltafin_models::{Model, Session, Stats};
+use deltafin_models::{Backend, Model, Stats};
 use deltafin_tokenizer::chat::{
     render_k3, ChatMessage, ChatTemplate, Effort, ReplyEvent, ReplyParser, K3_END_OF_MSG,
 };
@@ -42,6 +44,8 @@ pub struct ChatArgs {
     stats: bool,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// How a checkpoint's conversations become prompts.
@@ -206,9 +210,22 @@ const HELP: &str =
 
 pub fn chat(a: ChatArgs) -> Result<()> {
     let t_load = Instant::now();
-    let model = progress::while_busy("loading the model", || {
-        Model::load_with(&a.model, &a.store.load_options(&a.model)?)
-    })?;
+    let load = a.store.load_options(&a.model)?;
+    match a.device.device {
+        Device::Cpu => {
+            let model =
+                progress::while_busy("loading the model", || Model::load_with(&a.model, &load))?;
+            converse(&a, &model, t_load)
+        }
+        Device::Cuda(ordinal) => {
+            let model = a.device.load_cuda(ordinal, &a.model, &load)?;
+            converse(&a, &model, t_load)
+        }
+    }
+}
+
+/// The conversation with `model` (loading began at `t_load`).
+fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> {
     let tok = load_tokenizer(&a.model)?;
     let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;
     let load_secs = t_load.elapsed().as_secs_f64();
@@ -220,7 +237,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         || -> Vec<ChatMessage> { a.system.iter().map(ChatMessage::system).collect() };
     let mut history = fresh_history();
     // The session holds exactly `session_tokens`; a new prompt that extends them continues it.
-    let mut session: Session = model.new_session();
+    let mut session = model.new_session()?;
     let mut session_tokens: Vec<u32> = Vec::new();
     eprintln!("deltafin chat with {}. {HELP}", a.model.display());
     let stdin = std::io::stdin();
@@ -239,7 +256,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 history = fresh_history();
-                session = model.new_session();
+                session = model.new_session()?;
                 session_tokens.clear();
                 eprintln!("(new conversation)");
                 continue;
@@ -259,7 +276,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let new_tokens = match prompt.strip_prefix(&session_tokens[..]) {
             Some(rest) if !rest.is_empty() => rest.to_vec(),
             _ => {
-                session = model.new_session();
+                session = model.new_session()?;
                 session_tokens.clear();
                 prompt.clone()
             }
@@ -283,7 +300,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         let mut failure: Option<anyhow::Error> = None;
         STOP_REPLY.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
-        let result = generate_in(&model, &mut session, &req, &stats, |token, _| {
+        let result = generate_in(model, session, &req, &stats, |token, _| {
             prefill.finish_and_clear();
             if STOP_REPLY.load(Ordering::SeqCst) {
                 return Flow::Stop;
@@ -301,7 +318,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         });
         GENERATING.store(false, Ordering::SeqCst);
         prefill.finish_and_clear();
-        let output = result?;
+        let output;
+        (output, session) = result?;
         if let Some(e) = failure {
             return Err(e);
         }
@@ -314,7 +332,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         if a.stats {
             eprintln!(
                 "{}",
-                crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs)
+                crate::report::stats_line(model, &stats, req.prompt.len(), &output, load_secs)
             );
         }
         // The session now holds the prompt and every generated token but the last (never fed back).

@@ -2,6 +2,7 @@
 //! per layer, built by tools/train/) is embedded in the binary, unpacked once into the cache directory, and
 //! generates with its experts read from disk on demand.
 
+use crate::device::DeviceArgs;
 use crate::{
     create_atomically, default_cache_dir, generate, progress, store_args::StoreArgs, GenArgs,
 };
@@ -89,6 +90,8 @@ pub struct DemoArgs {
     speculative: bool,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
@@ -139,7 +142,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             seed: a.seed,
         },
     };
-    generate::run(&dir, &gen, &a.store.load_options(&dir)?)
+    generate::run(&dir, &gen, &a.store.load_options(&dir)?, &a.device, false)
 }
 
 /// Writes the built-in `files` into `dir` once (atomically) and returns it.

@@ -1,22 +1,57 @@
-//! `run` and `demo`: tokenize (raw or as a chat), generate with the engine, stream the text, and with
-//! `--stats` report where the time went.
+//! `run` and `demo`: tokenize (raw or as a chat), generate with the engine on the CPU or a GPU, stream the
+//! text, and with `--stats` report where the time went.
 
 use crate::chat::{ChatFormat, ReplyPrinter};
+use crate::device::{self, DeviceArgs};
 use crate::progress;
 use crate::GenArgs;
 use anyhow::{bail, Context, Result};
+use deltafin_cuda::Device;
 use deltafin_engine::{generate, generate_speculative, Draft, Flow, Request};
 use deltafin_formats::npy;
-use deltafin_models::{LoadOptions, Model, Stats};
+use deltafin_models::{Backend, LoadOptions, Model, Stats};
 use deltafin_tokenizer::chat::ChatMessage;
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
+/// Loads the model on `dev` and generates. On a GPU, `probe` first measures its copy bandwidths, and a
+/// `[cuda]` line of what the device did follows the output.
+pub fn run(
+    dir: &Path,
+    args: &GenArgs,
+    load: &LoadOptions,
+    dev: &DeviceArgs,
+    probe: bool,
+) -> Result<()> {
     let t_load = Instant::now();
-    let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
+    match dev.device {
+        Device::Cpu => {
+            let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
+            let load_secs = t_load.elapsed().as_secs_f64();
+            generate_on(dir, &model, load_secs, args)
+        }
+        Device::Cuda(ordinal) => {
+            if args.events.is_some() {
+                bail!("--events needs the CPU backend: the CUDA passes record no per-layer times or routes");
+            }
+            let model = dev.load_cuda(ordinal, dir, load)?;
+            let load_secs = t_load.elapsed().as_secs_f64();
+            if probe {
+                device::probe_bandwidth(&model)?;
+            }
+            let timed = device::Timed::new(&model);
+            generate_on(dir, &timed, load_secs, args)?;
+            eprintln!("{}", timed.line(load_secs));
+            Ok(())
+        }
+    }
+}
+
+/// Generates on `model`, loaded in `load_secs`.
+fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs) -> Result<()> {
+    let t_prepare = Instant::now();
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     let tokenizer = if Tokenizer::present_in(dir) {
@@ -50,7 +85,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("pass --prompt TEXT or --prompt-ids 1,2,3"),
     };
-    let load_secs = t_load.elapsed().as_secs_f64();
+    let load_secs = load_secs + t_prepare.elapsed().as_secs_f64();
 
     let stop_ids = match (&format, &tokenizer) {
         _ if args.ignore_eos => vec![],
@@ -74,7 +109,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         },
     );
     let mut events = match &args.events {
-        Some(path) => Some(crate::report::Events::create(path, &model)?),
+        Some(path) => Some(crate::report::Events::create(path, model)?),
         None => None,
     };
     let mut out = std::io::stdout().lock();
@@ -83,6 +118,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     let mut parser = format.as_ref().map(ChatFormat::reply_parser);
     let mut printer = ReplyPrinter::new(true);
     let mut failure = None;
+    // The drafter is small: it runs on the CPU whatever the model runs on.
     let drafter = match &args.draft {
         Some(d) => Some(progress::while_busy("loading the drafter", || {
             Model::load(d)
@@ -91,12 +127,12 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     };
     let mut draft = drafter
         .as_ref()
-        .map(|d| Draft::new(d, &model, args.draft_tokens))
+        .map(|d| Draft::new(d, model, args.draft_tokens))
         .transpose()?;
     let on_token = |token: u32, logits: &[f32]| {
         prefill.finish_and_clear();
         if let Some(ev) = &mut events {
-            if let Err(e) = ev.token(&model, &stats, token) {
+            if let Err(e) = ev.token(model, &stats, token) {
                 failure = Some(e);
                 return Flow::Stop;
             }
@@ -117,8 +153,8 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
         Flow::Continue
     };
     let output = match &mut draft {
-        Some(d) => generate_speculative(&model, d, &req, &stats, on_token)?,
-        None => generate(&model, &req, &stats, on_token)?,
+        Some(d) => generate_speculative(model, d, &req, &stats, on_token)?,
+        None => generate(model, &req, &stats, on_token)?,
     };
     prefill.finish_and_clear();
     if let Some(e) = failure {
@@ -146,7 +182,7 @@ pub fn run(dir: &Path, args: &GenArgs, load: &LoadOptions) -> Result<()> {
     if args.stats {
         eprintln!(
             "{}",
-            crate::report::stats_line(&model, &stats, req.prompt.len(), &output, load_secs)
+            crate::report::stats_line(model, &stats, req.prompt.len(), &output, load_secs)
         );
         if let Some(d) = &draft {
             eprintln!(

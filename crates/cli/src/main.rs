@@ -2,8 +2,8 @@
 
 mod bench;
 mod chat;
-mod cuda_run;
 mod demo;
+mod device;
 mod doctor;
 mod fetch;
 mod generate;
@@ -15,7 +15,9 @@ mod tokenize;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use deltafin_cuda::Device;
 use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_models::Model;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
@@ -34,7 +36,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Greedy generation from a checkpoint directory, from raw text or (--chat) as a chat reply.
+    /// Generation from a checkpoint directory (greedy unless --temperature > 0), from raw text or (--chat) as a
+    /// chat reply.
     Run(RunArgs),
     /// Talk to a model: an interactive conversation with streaming replies.
     Chat(chat::ChatArgs),
@@ -69,6 +72,8 @@ struct ServeCmd {
     serve: deltafin_server::ServeArgs,
     #[command(flatten)]
     store: store_args::StoreArgs,
+    #[command(flatten)]
+    device: device::DeviceArgs,
 }
 
 #[derive(Args)]
@@ -81,7 +86,10 @@ struct RunArgs {
     #[command(flatten)]
     store: store_args::StoreArgs,
     #[command(flatten)]
-    device: cuda_run::DeviceArgs,
+    device: device::DeviceArgs,
+    /// With --device cuda: first measure the raw pinned host-to-device and device-to-device copy bandwidths.
+    #[arg(long)]
+    probe_bandwidth: bool,
 }
 
 #[derive(Args)]
@@ -195,13 +203,13 @@ fn run(cli: Cli) -> Result<()> {
             .build_global()?;
     }
     match cli.command {
-        Command::Run(a) if a.device.device != deltafin_cuda::Device::Cpu => cuda_run::run(
+        Command::Run(a) => generate::run(
             &a.model,
             &a.gen,
             &a.store.load_options(&a.model)?,
             &a.device,
+            a.probe_bandwidth,
         ),
-        Command::Run(a) => generate::run(&a.model, &a.gen, &a.store.load_options(&a.model)?),
         Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
         Command::Doctor(a) => doctor::doctor(a),
@@ -213,7 +221,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::CacheSim(a) => store_cmds::cache_sim(a),
         Command::Serve(a) => {
             let load = a.store.load_options(&a.serve.model)?;
-            deltafin_server::run(a.serve, &load)
+            match a.device.device {
+                Device::Cpu => deltafin_server::run(a.serve, |dir| Model::load_with(dir, &load)),
+                Device::Cuda(ordinal) => {
+                    deltafin_server::run(a.serve, |dir| a.device.load_cuda(ordinal, dir, &load))
+                }
+            }
         }
         Command::Demo(a) => demo::run(a),
         Command::MakeModel(a) => {

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use deltafin_engine::Output;
-use deltafin_models::{Model, Stats};
+use deltafin_models::{Backend, Stats};
 use deltafin_store::Snapshot;
 use serde_json::json;
 use std::io::Write;
@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 pub fn stats_line(
-    model: &Model,
+    model: &impl Backend,
     stats: &Stats,
     n_prompt: usize,
     out: &Output,
@@ -50,7 +50,7 @@ pub fn stats_line(
         100.0 * store.hit_rate(),
         store.wait_secs,
         if predicted.is_empty() { "-".to_string() } else { predicted.join(" ") },
-        deltafin_kernels::isa(),
+        model.kernels(),
     ) + &model
         .store()
         .backfill_activity()
@@ -69,7 +69,7 @@ pub struct Events {
 }
 
 impl Events {
-    pub fn create(path: &Path, model: &Model) -> Result<Events> {
+    pub fn create(path: &Path, model: &impl Backend) -> Result<Events> {
         let file = std::fs::File::create(path)
             .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Events {
@@ -81,7 +81,7 @@ impl Events {
         })
     }
 
-    pub fn token(&mut self, model: &Model, stats: &Stats, token: u32) -> Result<()> {
+    pub fn token(&mut self, model: &impl Backend, stats: &Stats, token: u32) -> Result<()> {
         let now = model.store().snapshot();
         let d = now.since(&self.last);
         let layers = stats.layer_secs();

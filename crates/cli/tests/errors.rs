@@ -210,3 +210,33 @@ fn out_of_vocabulary_prompt_and_missing_directory() {
     let e = run_err(&t.path().join("nope"), "1");
     assert!(e.contains("config.json"), "{e}");
 }
+
+#[test]
+fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
+    if deltafin_cuda::availability().is_ok() {
+        // A GPU machine: there these commands run (tools/cuda/verify.sh checks them).
+        return;
+    }
+    let t = tiny(Arch::KimiK3, 0);
+    let commands: [&[&str]; 3] = [
+        &["run", "--prompt-ids", "1,2", "--max-new", "2"],
+        &["chat"],
+        &["serve", "--port", "0"],
+    ];
+    for command in commands {
+        let out = bin()
+            .args(command)
+            .arg("--model")
+            .arg(model_dir(&t))
+            .args(["--device", "cuda"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: --device cuda: CUDA is unavailable: "),
+            "{command:?}: {stderr}"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use deltafin_makemodel::Arch;
-use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Stats};
 
 const PROMPT: [u32; 10] = [5, 300, 17, 42, 511, 99, 256, 7, 64, 128];
 

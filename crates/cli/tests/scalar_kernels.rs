@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use deltafin_makemodel::Arch;
-use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Stats};
 
 #[test]
 fn scalar_and_simd_kernels_give_identical_logits() {

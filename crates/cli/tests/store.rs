@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use deltafin_makemodel::Arch;
-use deltafin_models::{LoadOptions, LogitRows, Model, Stats};
+use deltafin_models::{Backend, LoadOptions, LogitRows, Model, Stats};
 use deltafin_store::StoreOptions;
 use std::path::{Path, PathBuf};
 

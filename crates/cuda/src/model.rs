@@ -9,7 +9,7 @@ use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, LoadOptions, LogitRows, Stats};
+use deltafin_models::{layer_prefix, Backend, LoadOptions, LogitRows, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -344,7 +344,7 @@ struct Streamed {
 /// One sequence's device state.
 pub struct CudaSession {
     layers: Vec<State>,
-    pub pos: usize,
+    pos: usize,
 }
 
 enum State {
@@ -399,6 +399,129 @@ impl Drop for CudaModel {
             // SAFETY: registered in `load`; no copy is in flight (every pass synchronises both streams).
             unsafe { sys::cuMemHostUnregister(self.store.slab_range().0.cast()) };
         }
+    }
+}
+
+/// The CPU model's contract on the device: the same sessions, passes and logits (within the tolerance of the
+/// GPU's math functions; docs/cuda.md).
+impl Backend for CudaModel {
+    type Session = CudaSession;
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn store(&self) -> &Arc<ExpertStore> {
+        &self.store
+    }
+
+    /// The GPU's name and compute capability.
+    fn kernels(&self) -> String {
+        format!("{} (sm_{}{})", self.gpu.name, self.gpu.sm.0, self.gpu.sm.1)
+    }
+
+    fn new_session(&self) -> Result<CudaSession> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.attn {
+                Attn::Kda(k) => {
+                    let w = k.heads * k.dim;
+                    Ok(State::Kda {
+                        conv: self.zeros(3 * w * (k.kern - 1))?,
+                        s: self.zeros(k.heads * k.dim * k.dim)?,
+                    })
+                }
+                Attn::Mla(m) => {
+                    let cap = 64;
+                    Ok(State::Mla {
+                        lat: self.zeros(cap * m.kvl)?,
+                        pe: self.zeros(cap * m.rope)?,
+                        cap,
+                    })
+                }
+            })
+            .collect::<Result<_>>()?;
+        Ok(CudaSession { layers, pos: 0 })
+    }
+
+    fn forward(
+        &self,
+        s: &mut CudaSession,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        deltafin_models::check_tokens(&self.cfg, tokens)?;
+        // A server runs passes on its own worker thread: the context must be current there.
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        let n = tokens.len();
+        let mut arena = self.arena.lock().unwrap();
+        self.size_arena(&mut arena, n, s.pos)?;
+        let mut held = Vec::new();
+        let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
+        // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
+        let _ = self.gpu.stream.synchronize();
+        let _ = self.gpu.copy.synchronize();
+        let _ = self.gpu.prep.synchronize();
+        drop(held);
+        let out = result?;
+        s.pos += n;
+        Ok(out)
+    }
+
+    /// Every state buffer copied whole on the device (the MLA caches with their spare capacity). The copies have
+    /// landed when it returns, so the original may be dropped (freed) or run on at once.
+    fn fork(&self, session: &CudaSession) -> Result<CudaSession> {
+        let copy = |b: &DevBuf| -> Result<DevBuf> {
+            let c = self.gpu.alloc(b.bytes)?;
+            self.gpu.dtod(c.ptr, b.ptr, b.bytes)?;
+            Ok(c)
+        };
+        let layers = session
+            .layers
+            .iter()
+            .map(|st| {
+                Ok(match st {
+                    State::Kda { conv, s } => State::Kda {
+                        conv: copy(conv)?,
+                        s: copy(s)?,
+                    },
+                    State::Mla { lat, pe, cap } => State::Mla {
+                        lat: copy(lat)?,
+                        pe: copy(pe)?,
+                        cap: *cap,
+                    },
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.gpu
+            .stream
+            .synchronize()
+            .map_err(|e| anyhow!("copying a session: {e:?}"))?;
+        Ok(CudaSession {
+            layers,
+            pos: session.pos,
+        })
+    }
+
+    fn position(&self, session: &CudaSession) -> usize {
+        session.pos
+    }
+
+    /// VRAM held: every state buffer, the MLA caches with their spare capacity.
+    fn session_bytes(&self, session: &CudaSession) -> usize {
+        session
+            .layers
+            .iter()
+            .map(|st| match st {
+                State::Kda { conv, s } => conv.bytes + s.bytes,
+                State::Mla { lat, pe, .. } => lat.bytes + pe.bytes,
+            })
+            .sum()
     }
 }
 
@@ -707,18 +830,6 @@ impl CudaModel {
         Ok(model)
     }
 
-    pub fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    pub fn store(&self) -> &ExpertStore {
-        &self.store
-    }
-
-    pub fn device_name(&self) -> String {
-        format!("{} (sm_{}{})", self.gpu.name, self.gpu.sm.0, self.gpu.sm.1)
-    }
-
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
@@ -750,57 +861,8 @@ impl CudaModel {
         self.cache.lock().unwrap().counters.clone()
     }
 
-    pub fn new_session(&self) -> Result<CudaSession> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                Attn::Kda(k) => {
-                    let w = k.heads * k.dim;
-                    Ok(State::Kda {
-                        conv: self.zeros(3 * w * (k.kern - 1))?,
-                        s: self.zeros(k.heads * k.dim * k.dim)?,
-                    })
-                }
-                Attn::Mla(m) => {
-                    let cap = 64;
-                    Ok(State::Mla {
-                        lat: self.zeros(cap * m.kvl)?,
-                        pe: self.zeros(cap * m.rope)?,
-                        cap,
-                    })
-                }
-            })
-            .collect::<Result<_>>()?;
-        Ok(CudaSession { layers, pos: 0 })
-    }
-
     fn zeros(&self, n: usize) -> Result<DevBuf> {
         self.gpu.upload(&vec![0.0f32; n.max(1)])
-    }
-
-    /// Runs `tokens` after the session's history and returns logits `[rows, vocab]`, like the CPU model.
-    pub fn forward(
-        &self,
-        s: &mut CudaSession,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
-        deltafin_models::check_tokens(&self.cfg, tokens)?;
-        let n = tokens.len();
-        let mut arena = self.arena.lock().unwrap();
-        self.size_arena(&mut arena, n, s.pos)?;
-        let mut held = Vec::new();
-        let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
-        // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
-        let _ = self.gpu.stream.synchronize();
-        let _ = self.gpu.copy.synchronize();
-        let _ = self.gpu.prep.synchronize();
-        drop(held);
-        let out = result?;
-        s.pos += n;
-        Ok(out)
     }
 
     fn size_arena(&self, arena: &mut Arena, n: usize, pos: usize) -> Result<()> {

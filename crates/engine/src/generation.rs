@@ -5,19 +5,22 @@
 
 use crate::{Draft, FinishReason, Flow, Request, Sampler};
 use anyhow::{bail, Result};
-use deltafin_models::{LogitRows, Model, Session, Stats};
+use deltafin_models::{Backend, LogitRows, Stats};
 use std::time::Instant;
 
 /// A session that has already consumed `tokens` (a prefix of the prompt), and the logits after them.
-pub struct Resume {
-    pub session: Session,
+pub struct Resume<B: Backend> {
+    pub session: B::Session,
     pub tokens: usize,
     /// `[vocab]` logits after the consumed tokens: lets a prompt equal to the stored prefix skip prefill.
     pub logits: Vec<f32>,
 }
 
-pub struct Generation {
-    session: Session,
+/// The tokens a session consumed, the session, and the logits after them.
+pub type Snapshot<B> = (Vec<u32>, <B as Backend>::Session, Vec<f32>);
+
+pub struct Generation<B: Backend> {
+    session: B::Session,
     prompt: Vec<u32>,
     /// Tokens the session has consumed: a prefix of the prompt, then the fed generated tokens.
     history: Vec<u32>,
@@ -34,21 +37,21 @@ pub struct Generation {
     decode_secs: f64,
 }
 
-impl Generation {
+impl<B: Backend> Generation<B> {
     /// Starts `req` on a fresh session, or on `resume` (whose consumed tokens must be a prefix of the prompt).
-    pub fn new(model: &Model, req: &Request, resume: Option<Resume>) -> Result<Generation> {
+    pub fn new(model: &B, req: &Request, resume: Option<Resume<B>>) -> Result<Generation<B>> {
         let Some(r) = resume else {
-            return Generation::start(model, req, model.new_session(), 0, None);
+            return Generation::start(model, req, model.new_session()?, 0, None);
         };
         if req.prompt_logits {
             bail!("prompt logits need the whole prompt computed; do not resume a session");
         }
-        if r.tokens == 0 || r.tokens > req.prompt.len() || r.session.pos != r.tokens {
+        let pos = model.position(&r.session);
+        if r.tokens == 0 || r.tokens > req.prompt.len() || pos != r.tokens {
             bail!(
-                "a resumed session must have consumed 1..={} prompt tokens (it has {}, at position {})",
+                "a resumed session must have consumed 1..={} prompt tokens (it has {}, at position {pos})",
                 req.prompt.len(),
                 r.tokens,
-                r.session.pos
             );
         }
         if r.logits.len() != model.config().vocab_size {
@@ -63,17 +66,17 @@ impl Generation {
     }
 
     /// Continues `session`, whose history (if any) precedes the whole of `req.prompt`.
-    pub fn continuing(model: &Model, req: &Request, session: Session) -> Result<Generation> {
+    pub fn continuing(model: &B, req: &Request, session: B::Session) -> Result<Generation<B>> {
         Generation::start(model, req, session, 0, None)
     }
 
     fn start(
-        model: &Model,
+        model: &B,
         req: &Request,
-        session: Session,
+        session: B::Session,
         reused: usize,
         last: Option<Vec<f32>>,
-    ) -> Result<Generation> {
+    ) -> Result<Generation<B>> {
         let vocab = model.config().vocab_size;
         if req.prompt.is_empty() {
             bail!("the prompt is empty; give at least one token");
@@ -104,7 +107,7 @@ impl Generation {
     /// the finish reason once generation is over (and then does nothing more).
     pub fn step(
         &mut self,
-        model: &Model,
+        model: &B,
         stats: &Stats,
         prefill_chunk: usize,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
@@ -175,10 +178,10 @@ impl Generation {
     /// still chosen by this generation's sampler from `model`'s logits for exactly the same history, and
     /// a pass's rows equal single-token passes bit for bit, so the tokens and logits handed out are exactly
     /// those of [`Self::step`] — the drafter only decides how many come out of one pass.
-    pub fn step_speculative(
+    pub fn step_speculative<D: Backend>(
         &mut self,
-        model: &Model,
-        draft: &mut Draft,
+        model: &B,
+        draft: &mut Draft<D>,
         stats: &Stats,
         prefill_chunk: usize,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
@@ -198,7 +201,7 @@ impl Generation {
             return Ok(self.finish);
         }
         let guesses = draft.guess(&self.history, first, draft.len().min(room))?;
-        let before = self.session.clone();
+        let before = model.fork(&self.session)?;
         let mut pass = vec![first];
         pass.extend_from_slice(&guesses);
         let rows = model.forward(&mut self.session, &pass, LogitRows::All, stats)?;
@@ -268,21 +271,24 @@ impl Generation {
         self.decode_secs
     }
 
-    /// The session and the tokens it consumed with the logits after them, once the prompt is consumed:
-    /// exactly what a later request extending these tokens can resume from.
-    pub fn snapshot(&self) -> Option<(Vec<u32>, Session, Vec<f32>)> {
-        let last = self.last.as_ref()?;
-        Some((self.history.clone(), self.session.clone(), last.clone()))
+    /// A copy of the session and the tokens it consumed with the logits after them, once the prompt is
+    /// consumed: exactly what a later request extending these tokens can resume from.
+    pub fn snapshot(&self, model: &B) -> Result<Option<Snapshot<B>>> {
+        let Some(last) = &self.last else {
+            return Ok(None);
+        };
+        let session = model.fork(&self.session)?;
+        Ok(Some((self.history.clone(), session, last.clone())))
     }
 
     /// Like [`Self::snapshot`], consuming the generation (no copy of the session).
-    pub fn into_snapshot(self) -> Option<(Vec<u32>, Session, Vec<f32>)> {
+    pub fn into_snapshot(self) -> Option<Snapshot<B>> {
         let last = self.last?;
         Some((self.history, self.session, last))
     }
 
     /// The session, whatever state it is in.
-    pub fn into_session(self) -> Session {
+    pub fn into_session(self) -> B::Session {
         self.session
     }
 

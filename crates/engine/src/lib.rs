@@ -1,5 +1,6 @@
-//! The generation loop over a loaded model: prefill the prompt, then one token per pass, choosing each token
-//! with a [`Sampler`]. Sampling only picks among the logits — it never changes which experts run.
+//! The generation loop over a loaded model on any [`Backend`] (the CPU or a GPU): prefill the prompt, then one
+//! token per pass, choosing each token with a [`Sampler`]. Sampling only picks among the logits — it never
+//! changes which experts run.
 //!
 //! Serving builds on it: [`Generation`] (one request as a step machine), [`Scheduler`] (a worker thread that
 //! interleaves requests fairly, with a bounded queue and cancellation), [`PrefixCache`] (exact reuse of the
@@ -14,10 +15,10 @@ pub mod speculative;
 pub mod stop;
 
 use anyhow::Result;
-use deltafin_models::{Model, Session, Stats};
-pub use generation::{Generation, Resume};
+use deltafin_models::{Backend, Stats};
+pub use generation::{Generation, Resume, Snapshot};
 pub use logprobs::{logprobs, TokenLogprob};
-pub use prefix_cache::{session_bytes, PrefixCache};
+pub use prefix_cache::PrefixCache;
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
 pub use speculative::Draft;
@@ -62,76 +63,62 @@ pub struct Output {
 }
 
 /// Runs `req` on a fresh session. `on_token(token, logits_that_chose_it)` sees each token as it is chosen.
-pub fn generate(
-    model: &Model,
+pub fn generate<B: Backend>(
+    model: &B,
     req: &Request,
     stats: &Stats,
-    on_token: impl FnMut(u32, &[f32]) -> Flow,
+    mut on_token: impl FnMut(u32, &[f32]) -> Flow,
 ) -> Result<Output> {
-    let mut session = model.new_session();
-    generate_in(model, &mut session, req, stats, on_token)
+    let gen = Generation::new(model, req, None)?;
+    let (output, _) = run(gen, |g| g.step(model, stats, usize::MAX, &mut on_token))?;
+    Ok(output)
 }
 
-/// Like [`generate`], continuing `session` (whose history precedes `req.prompt`).
-pub fn generate_in(
-    model: &Model,
-    session: &mut Session,
+/// Like [`generate`], continuing `session` (whose history precedes `req.prompt`). Returns the session too,
+/// holding everything it consumed: the prompt and every generated token but the last (chosen, never fed).
+pub fn generate_in<B: Backend>(
+    model: &B,
+    session: B::Session,
     req: &Request,
     stats: &Stats,
-    on_token: impl FnMut(u32, &[f32]) -> Flow,
-) -> Result<Output> {
-    run(model, session, req, stats, None, on_token)
+    mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+) -> Result<(Output, B::Session)> {
+    let gen = Generation::continuing(model, req, session)?;
+    run(gen, |g| g.step(model, stats, usize::MAX, &mut on_token))
 }
 
 /// Like [`generate`] with speculative decoding: `draft` guesses, `model` checks. The tokens and logits handed
-/// out are exactly those of [`generate`].
-pub fn generate_speculative(
-    model: &Model,
-    draft: &mut Draft,
+/// out are exactly those of [`generate`]. The drafter may run on another backend than the model.
+pub fn generate_speculative<B: Backend, D: Backend>(
+    model: &B,
+    draft: &mut Draft<D>,
     req: &Request,
     stats: &Stats,
-    on_token: impl FnMut(u32, &[f32]) -> Flow,
-) -> Result<Output> {
-    let mut session = model.new_session();
-    run(model, &mut session, req, stats, Some(draft), on_token)
-}
-
-fn run(
-    model: &Model,
-    session: &mut Session,
-    req: &Request,
-    stats: &Stats,
-    mut draft: Option<&mut Draft>,
     mut on_token: impl FnMut(u32, &[f32]) -> Flow,
 ) -> Result<Output> {
-    let taken = std::mem::replace(
-        session,
-        Session {
-            layers: Vec::new(),
-            pos: 0,
-        },
-    );
-    let mut gen = Generation::continuing(model, req, taken)?;
-    let result = loop {
-        let step = match &mut draft {
-            Some(d) => gen.step_speculative(model, d, stats, usize::MAX, &mut on_token),
-            None => gen.step(model, stats, usize::MAX, &mut on_token),
-        };
-        match step {
-            Ok(Some(finish)) => break Ok(finish),
-            Ok(None) => {}
-            Err(e) => break Err(e),
+    let gen = Generation::new(model, req, None)?;
+    let (output, _) = run(gen, |g| {
+        g.step_speculative(model, draft, stats, usize::MAX, &mut on_token)
+    })?;
+    Ok(output)
+}
+
+/// Steps `gen` to its end (the prompt in one pass); what it produced, and its session.
+fn run<B: Backend>(
+    mut gen: Generation<B>,
+    mut step: impl FnMut(&mut Generation<B>) -> Result<Option<FinishReason>>,
+) -> Result<(Output, B::Session)> {
+    let finish = loop {
+        if let Some(finish) = step(&mut gen)? {
+            break finish;
         }
     };
-    let prompt_logits = gen.take_prompt_logits();
-    let tokens = gen.tokens().to_vec();
-    let (prefill_secs, decode_secs) = (gen.prefill_secs(), gen.decode_secs());
-    *session = gen.into_session();
-    Ok(Output {
-        tokens,
-        prompt_logits,
-        finish: result?,
-        prefill_secs,
-        decode_secs,
-    })
+    let output = Output {
+        prompt_logits: gen.take_prompt_logits(),
+        tokens: gen.tokens().to_vec(),
+        finish,
+        prefill_secs: gen.prefill_secs(),
+        decode_secs: gen.decode_secs(),
+    };
+    Ok((output, gen.into_session()))
 }

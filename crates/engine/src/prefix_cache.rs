@@ -1,33 +1,33 @@
 //! Exact reuse of conversation state: a memory-bounded, least-recently-used store of sessions keyed by the
 //! tokens they consumed. A prompt that extends a stored key continues from a copy of that session (its KDA
-//! states and MLA latent caches) and computes only the rest — the same logits as recomputing, because a
-//! prefix run in any number of passes gives bit-identical state.
+//! states and MLA latent caches, forked where the backend keeps them) and computes only the rest — the same
+//! logits as recomputing, because a prefix run in any number of passes gives bit-identical state.
 
 use crate::Resume;
-use deltafin_models::blocks::LayerState;
-use deltafin_models::{Model, Session};
+use anyhow::Result;
+use deltafin_models::Backend;
 
-struct Entry {
+struct Entry<B: Backend> {
     tokens: Vec<u32>,
-    session: Session,
+    session: B::Session,
     /// Logits after `tokens`.
     logits: Vec<f32>,
     bytes: usize,
     last_used: u64,
 }
 
-pub struct PrefixCache {
+pub struct PrefixCache<B: Backend> {
     budget: usize,
     used: usize,
     clock: u64,
-    entries: Vec<Entry>,
+    entries: Vec<Entry<B>>,
     hits: u64,
     misses: u64,
 }
 
-impl PrefixCache {
+impl<B: Backend> PrefixCache<B> {
     /// A cache holding at most `budget_bytes` of sessions, tokens and logits (0 disables it).
-    pub fn new(budget_bytes: usize) -> PrefixCache {
+    pub fn new(budget_bytes: usize) -> PrefixCache<B> {
         PrefixCache {
             budget: budget_bytes,
             used: 0,
@@ -39,7 +39,7 @@ impl PrefixCache {
     }
 
     /// The longest stored key that is a prefix of `prompt` (possibly all of it), as a copy to resume from.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Resume> {
+    pub fn lookup(&mut self, model: &B, prompt: &[u32]) -> Result<Option<Resume<B>>> {
         self.clock += 1;
         let best = self
             .entries
@@ -48,32 +48,25 @@ impl PrefixCache {
             .max_by_key(|e| e.tokens.len());
         let Some(e) = best else {
             self.misses += 1;
-            return None;
+            return Ok(None);
         };
         self.hits += 1;
         e.last_used = self.clock;
-        Some(Resume {
-            session: e.session.clone(),
+        Ok(Some(Resume {
+            session: model.fork(&e.session)?,
             tokens: e.tokens.len(),
             logits: e.logits.clone(),
-        })
+        }))
     }
 
-    /// Stores the state after `tokens` (replacing an entry with the same key), evicting least recently used
-    /// entries to stay within the budget. `session_bytes` is the session's size ([`session_bytes`]); an entry
-    /// larger than the whole budget is not stored.
-    pub fn insert(
-        &mut self,
-        tokens: Vec<u32>,
-        session: Session,
-        logits: Vec<f32>,
-        session_bytes: usize,
-    ) {
+    /// Stores `session`, the state after `tokens` (replacing an entry with the same key), evicting least
+    /// recently used entries to stay within the budget; an entry larger than the whole budget is not stored.
+    pub fn insert(&mut self, model: &B, tokens: Vec<u32>, session: B::Session, logits: Vec<f32>) {
         if tokens.is_empty() {
             return;
         }
         self.remove_where(|e| e.tokens == tokens);
-        let bytes = session_bytes + 4 * (tokens.len() + logits.len());
+        let bytes = model.session_bytes(&session) + 4 * (tokens.len() + logits.len());
         if bytes > self.budget {
             return;
         }
@@ -100,7 +93,7 @@ impl PrefixCache {
         });
     }
 
-    fn remove_where(&mut self, pred: impl Fn(&Entry) -> bool) {
+    fn remove_where(&mut self, pred: impl Fn(&Entry<B>) -> bool) {
         let used = &mut self.used;
         self.entries.retain(|e| {
             let remove = pred(e);
@@ -136,19 +129,4 @@ impl PrefixCache {
     pub fn misses(&self) -> u64 {
         self.misses
     }
-}
-
-/// Memory held by `session`: the MLA latent caches plus the KDA recurrent and convolution states.
-pub fn session_bytes(model: &Model, session: &Session) -> usize {
-    let kda = &model.config().kda;
-    let kda_bytes =
-        4 * kda.heads * kda.head_dim * (3 * kda.conv_kernel.saturating_sub(1) + kda.head_dim);
-    session
-        .layers
-        .iter()
-        .map(|l| match l {
-            LayerState::Mla(c) => c.bytes(),
-            LayerState::Kda(_) => kda_bytes,
-        })
-        .sum()
 }

@@ -1,13 +1,12 @@
-//! Serving several requests from one model: a dedicated worker thread (model work is CPU-bound and must not
-//! run on an async runtime) admits jobs from a bounded queue and round-robins one forward pass per active job
-//! — a prefill chunk or one token — so a long prompt or a long answer cannot starve the others. Between
-//! passes it polls each job for cancellation and drops a cancelled one at once, freeing its session. Finished
-//! prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends one resumes there.
+//! Serving several requests from one model on any backend: a dedicated worker thread (model work blocks and
+//! must not run on an async runtime) admits jobs from a bounded queue and round-robins one forward pass per
+//! active job — a prefill chunk or one token — so a long prompt or a long answer cannot starve the others.
+//! Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its session.
+//! Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends one resumes
+//! there.
 
-use crate::{
-    logprobs, session_bytes, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob,
-};
-use deltafin_models::{Model, Stats};
+use crate::{logprobs, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob};
+use deltafin_models::{Backend, Stats};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -137,7 +136,10 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the worker thread for `model`.
-    pub fn start(model: Arc<Model>, cfg: SchedulerConfig) -> std::io::Result<Scheduler> {
+    pub fn start<B: Backend + 'static>(
+        model: Arc<B>,
+        cfg: SchedulerConfig,
+    ) -> std::io::Result<Scheduler> {
         let shared = Arc::new(Shared {
             cfg: SchedulerConfig {
                 max_active: cfg.max_active.max(1),
@@ -224,9 +226,9 @@ impl Drop for Scheduler {
     }
 }
 
-struct Active {
+struct Active<B: Backend> {
     job: Job,
-    gen: Generation,
+    gen: Generation<B>,
 }
 
 enum Outcome {
@@ -236,14 +238,14 @@ enum Outcome {
     Dropped,
 }
 
-struct Worker {
-    model: Arc<Model>,
+struct Worker<B: Backend> {
+    model: Arc<B>,
     shared: Arc<Shared>,
-    cache: PrefixCache,
+    cache: PrefixCache<B>,
 }
 
-impl Worker {
-    fn new(model: Arc<Model>, shared: Arc<Shared>) -> Worker {
+impl<B: Backend> Worker<B> {
+    fn new(model: Arc<B>, shared: Arc<Shared>) -> Worker<B> {
         let cache = PrefixCache::new(shared.cfg.prefix_cache_bytes);
         Worker {
             model,
@@ -253,7 +255,7 @@ impl Worker {
     }
 
     fn run(mut self) {
-        let mut active: Vec<Active> = Vec::new();
+        let mut active: Vec<Active<B>> = Vec::new();
         loop {
             let (admitted, closing) = self.admit(active.len());
             let Some(admitted) = admitted else {
@@ -331,7 +333,7 @@ impl Worker {
             .store(n as u64, Ordering::Relaxed);
     }
 
-    fn start(&mut self, mut job: Job) -> Option<Active> {
+    fn start(&mut self, mut job: Job) -> Option<Active<B>> {
         if job.sink.cancelled() {
             self.shared
                 .counters
@@ -340,12 +342,12 @@ impl Worker {
             return None;
         }
         let resume = if job.request.prompt_logits || self.cache.budget_bytes() == 0 {
-            None
+            Ok(None)
         } else {
-            self.cache.lookup(&job.request.prompt)
+            self.cache.lookup(&*self.model, &job.request.prompt)
         };
         self.publish_cache();
-        match Generation::new(&self.model, &job.request, resume) {
+        match resume.and_then(|r| Generation::new(&*self.model, &job.request, r)) {
             Ok(gen) => Some(Active { job, gen }),
             Err(e) => {
                 self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -356,7 +358,7 @@ impl Worker {
     }
 
     /// One forward pass of `a`.
-    fn pass(&mut self, a: &mut Active) -> Outcome {
+    fn pass(&mut self, a: &mut Active<B>) -> Outcome {
         let c = &self.shared.counters;
         if a.job.sink.cancelled() {
             c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -366,7 +368,7 @@ impl Worker {
         let t0 = Instant::now();
         let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
         let step = a.gen.step(
-            &self.model,
+            &*self.model,
             &self.shared.stats,
             self.shared.cfg.prefill_chunk,
             |token, logits| {
@@ -395,10 +397,17 @@ impl Worker {
             c.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
             // The prompt's own state: a regenerated answer or a next turn that keeps this prompt resumes here.
             if cached < n && finish.is_none() && self.cache.budget_bytes() > 0 {
-                if let Some((tokens, session, logits)) = a.gen.snapshot() {
-                    let bytes = session_bytes(&self.model, &session);
-                    self.cache.insert(tokens, session, logits, bytes);
-                    self.publish_cache();
+                match a.gen.snapshot(&*self.model) {
+                    Ok(Some((tokens, session, logits))) => {
+                        self.cache.insert(&*self.model, tokens, session, logits);
+                        self.publish_cache();
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        c.failed.fetch_add(1, Ordering::Relaxed);
+                        a.job.sink.finished(Err(format!("{e:#}")));
+                        return Outcome::Dropped;
+                    }
                 }
             }
             if a.job.sink.prefilled(n, cached) == Flow::Stop {
@@ -422,13 +431,12 @@ impl Worker {
     }
 
     /// Keeps a finished conversation's state for a follow-up request.
-    fn remember(&mut self, gen: Generation) {
+    fn remember(&mut self, gen: Generation<B>) {
         if self.cache.budget_bytes() == 0 {
             return;
         }
         if let Some((tokens, session, logits)) = gen.into_snapshot() {
-            let bytes = session_bytes(&self.model, &session);
-            self.cache.insert(tokens, session, logits, bytes);
+            self.cache.insert(&*self.model, tokens, session, logits);
             self.publish_cache();
         }
     }

@@ -1,17 +1,17 @@
 //! The drafter side of speculative decoding: a small model sharing the tokenizer guesses the next tokens
 //! greedily; [`crate::Generation::step_speculative`] checks the guesses with one pass of the target and keeps
-//! what the target itself would have chosen.
+//! what the target itself would have chosen. The drafter is any [`Backend`], not necessarily the target's.
 
 use crate::sampler::argmax;
 use anyhow::{bail, Result};
-use deltafin_models::{LogitRows, Model, Session, Stats};
+use deltafin_models::{Backend, LogitRows, Stats};
 
 /// Plain steps after guesses of a single token kept failing.
 const PAUSE_STEPS: usize = 8;
 
-pub struct Draft<'m> {
-    model: &'m Model,
-    session: Session,
+pub struct Draft<'m, D: Backend> {
+    model: &'m D,
+    session: D::Session,
     /// Tokens the session has consumed: always a prefix of the target's history.
     consumed: Vec<u32>,
     /// Tokens guessed per target pass.
@@ -30,15 +30,15 @@ pub struct Draft<'m> {
     pub stats: Stats,
 }
 
-impl<'m> Draft<'m> {
-    pub fn new(drafter: &'m Model, target: &Model, k: usize) -> Result<Draft<'m>> {
+impl<'m, D: Backend> Draft<'m, D> {
+    pub fn new(drafter: &'m D, target: &impl Backend, k: usize) -> Result<Draft<'m, D>> {
         let (dv, tv) = (drafter.config().vocab_size, target.config().vocab_size);
         if dv != tv {
             bail!("the drafter's vocabulary has {dv} tokens, the model's {tv}; a drafter must share the model's tokenizer");
         }
         Ok(Draft {
             model: drafter,
-            session: drafter.new_session(),
+            session: drafter.new_session()?,
             consumed: Vec::new(),
             k,
             proposed: 0,
@@ -88,7 +88,7 @@ impl<'m> Draft<'m> {
     /// Greedy guesses of the `n` tokens after `history` and `first`.
     pub(crate) fn guess(&mut self, history: &[u32], first: u32, n: usize) -> Result<Vec<u32>> {
         self.follow(history)?;
-        let mut s = self.session.clone();
+        let mut s = self.model.fork(&self.session)?;
         let mut out = Vec::with_capacity(n);
         let mut next = first;
         for _ in 0..n {

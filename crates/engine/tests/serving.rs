@@ -3,15 +3,15 @@
 
 use deltafin_engine::*;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{Model, Stats};
+use deltafin_models::{Backend, Model, Stats};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-fn model() -> Arc<Model> {
+fn model() -> &'static Arc<Model> {
     static MODEL: OnceLock<(tempfile::TempDir, Arc<Model>)> = OnceLock::new();
-    MODEL
+    &MODEL
         .get_or_init(|| {
             let dir = tempfile::tempdir().unwrap();
             make_model(Arch::KimiK3, Preset::Tiny, 0, dir.path()).unwrap();
@@ -19,7 +19,6 @@ fn model() -> Arc<Model> {
             (dir, model)
         })
         .1
-        .clone()
 }
 
 fn request(prompt: &[u32], max_new: usize, temperature: f32) -> Request {
@@ -39,9 +38,9 @@ fn request(prompt: &[u32], max_new: usize, temperature: f32) -> Request {
 /// Runs a generation to the end: its tokens and the bits of every logit vector that chose them.
 fn drive(
     model: &Model,
-    mut gen: Generation,
+    mut gen: Generation<Model>,
     chunk: usize,
-) -> (Vec<u32>, Vec<Vec<u32>>, Generation) {
+) -> (Vec<u32>, Vec<Vec<u32>>, Generation<Model>) {
     let stats = Stats::default();
     let mut logits = Vec::new();
     while gen
@@ -59,23 +58,23 @@ const PROMPT: [u32; 11] = [5, 17, 300, 42, 9, 500, 77, 3, 250, 18, 64];
 
 #[test]
 fn chunked_prefill_matches_one_pass() {
-    let m = model();
+    let m: &Model = model();
     let req = request(&PROMPT, 6, 0.8);
-    let whole = generate(&m, &req, &Stats::default(), |_, _| Flow::Continue).unwrap();
+    let whole = generate(m, &req, &Stats::default(), |_, _| Flow::Continue).unwrap();
     for chunk in [1, 3, 64] {
-        let (tokens, _, _) = drive(&m, Generation::new(&m, &req, None).unwrap(), chunk);
+        let (tokens, _, _) = drive(m, Generation::new(m, &req, None).unwrap(), chunk);
         assert_eq!(tokens, whole.tokens, "prefill chunk {chunk}");
     }
 }
 
 #[test]
 fn a_prompt_extending_a_stored_prefix_gives_the_same_output_as_recomputing() {
-    let m = model();
+    let m: &Model = model();
     let mut cache = PrefixCache::new(64 << 20);
     // Turn 1: a prompt and its answer; keep the state it ends in.
     let (first, _, gen) = drive(
-        &m,
-        Generation::new(&m, &request(&PROMPT[..6], 5, 0.9), None).unwrap(),
+        m,
+        Generation::new(m, &request(&PROMPT[..6], 5, 0.9), None).unwrap(),
         4,
     );
     let (tokens, session, logits) = gen.into_snapshot().unwrap();
@@ -84,19 +83,18 @@ fn a_prompt_extending_a_stored_prefix_gives_the_same_output_as_recomputing() {
         6 + first.len() - 1,
         "the last token is chosen, not yet fed"
     );
-    let bytes = session_bytes(&m, &session);
-    assert!(bytes > 0);
-    cache.insert(tokens.clone(), session, logits, bytes);
+    assert!(m.session_bytes(&session) > 0);
+    cache.insert(m, tokens.clone(), session, logits);
 
     // Turn 2 extends everything turn 1 consumed.
     let mut prompt2 = tokens.clone();
     prompt2.extend_from_slice(&[first[first.len() - 1], 88, 99]);
     for temperature in [0.0, 1.0] {
         let req = request(&prompt2, 7, temperature);
-        let resume = cache.lookup(&prompt2).expect("a stored prefix");
+        let resume = cache.lookup(m, &prompt2).unwrap().expect("a stored prefix");
         assert_eq!(resume.tokens, tokens.len());
-        let reused = drive(&m, Generation::new(&m, &req, Some(resume)).unwrap(), 256);
-        let fresh = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+        let reused = drive(m, Generation::new(m, &req, Some(resume)).unwrap(), 256);
+        let fresh = drive(m, Generation::new(m, &req, None).unwrap(), 256);
         assert_eq!(reused.2.reused(), tokens.len());
         assert_eq!(reused.0, fresh.0, "tokens at temperature {temperature}");
         assert_eq!(
@@ -107,45 +105,83 @@ fn a_prompt_extending_a_stored_prefix_gives_the_same_output_as_recomputing() {
 
     // A prompt equal to the stored key needs no pass before its first token.
     let req = request(&tokens, 3, 0.0);
-    let resume = cache.lookup(&tokens).unwrap();
-    let reused = drive(&m, Generation::new(&m, &req, Some(resume)).unwrap(), 256);
-    let fresh = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+    let resume = cache.lookup(m, &tokens).unwrap().unwrap();
+    let reused = drive(m, Generation::new(m, &req, Some(resume)).unwrap(), 256);
+    let fresh = drive(m, Generation::new(m, &req, None).unwrap(), 256);
     assert_eq!(reused.1, fresh.1);
 
     // Unrelated prompts miss; a tiny budget keeps nothing.
-    assert!(cache.lookup(&[1, 2, 3]).is_none());
+    assert!(cache.lookup(m, &[1, 2, 3]).unwrap().is_none());
     assert_eq!((cache.hits(), cache.misses()), (3, 1));
     let mut small = PrefixCache::new(16);
     let (t, s, l) = reused.2.into_snapshot().unwrap();
-    small.insert(t, s, l, bytes);
+    small.insert(m, t, s, l);
     assert!(small.is_empty());
 }
 
 #[test]
 fn the_cache_evicts_the_least_recently_used_entry() {
-    let m = model();
+    let m: &Model = model();
     let snap = |prompt: &[u32]| {
         let (_, _, gen) = drive(
-            &m,
-            Generation::new(&m, &request(prompt, 0, 0.0), None).unwrap(),
+            m,
+            Generation::new(m, &request(prompt, 0, 0.0), None).unwrap(),
             256,
         );
         gen.into_snapshot().unwrap()
     };
     let (ta, sa, la) = snap(&PROMPT[..3]);
-    let bytes = session_bytes(&m, &sa);
-    let entry = bytes + 4 * (3 + la.len());
+    let entry = m.session_bytes(&sa) + 4 * (3 + la.len());
     let mut cache = PrefixCache::new(2 * entry + entry / 2);
-    cache.insert(ta.clone(), sa, la, bytes);
+    cache.insert(m, ta.clone(), sa, la);
     let (tb, sb, lb) = snap(&PROMPT[3..6]);
-    cache.insert(tb.clone(), sb, lb, bytes);
-    assert!(cache.lookup(&ta).is_some(), "touch a: b is now the oldest");
+    cache.insert(m, tb.clone(), sb, lb);
+    assert!(
+        cache.lookup(m, &ta).unwrap().is_some(),
+        "touch a: b is now the oldest"
+    );
     let (tc, sc, lc) = snap(&PROMPT[6..9]);
-    cache.insert(tc.clone(), sc, lc, bytes);
+    cache.insert(m, tc.clone(), sc, lc);
     assert_eq!(cache.len(), 2);
     assert!(cache.used_bytes() <= cache.budget_bytes());
-    assert!(cache.lookup(&tb).is_none());
-    assert!(cache.lookup(&ta).is_some() && cache.lookup(&tc).is_some());
+    assert!(cache.lookup(m, &tb).unwrap().is_none());
+    assert!(cache.lookup(m, &ta).unwrap().is_some() && cache.lookup(m, &tc).unwrap().is_some());
+}
+
+/// What the engine's copies of a session (prefix reuse, speculative checks, drafting) need of any backend: a
+/// fork is the original's state bit for bit — it continues exactly as recomputing would — and each runs on
+/// without disturbing the other, also past an MLA cache's first capacity.
+fn forks_continue_exactly<B: Backend>(model: &B) {
+    let stats = Stats::default();
+    let rows = deltafin_models::LogitRows::All;
+    let vocab = model.config().vocab_size;
+    let long: Vec<u32> = (0..80).map(|i| (i * 37 % vocab) as u32).collect();
+    let run = |session: &mut B::Session, tokens: &[u32]| -> Vec<u32> {
+        let logits = model.forward(session, tokens, rows, &stats).unwrap();
+        logits.iter().map(|x| x.to_bits()).collect()
+    };
+    let recomputed = |tokens: &[u32]| {
+        let mut s = model.new_session().unwrap();
+        run(&mut s, &PROMPT);
+        run(&mut s, tokens)
+    };
+    let mut original = model.new_session().unwrap();
+    run(&mut original, &PROMPT);
+    let mut fork = model.fork(&original).unwrap();
+    let mut spare = model.fork(&original).unwrap();
+    assert_eq!(model.position(&fork), PROMPT.len());
+    assert_eq!(model.session_bytes(&fork), model.session_bytes(&original));
+    // The fork runs far ahead first; then the original and another fork continue as if it never had.
+    assert_eq!(run(&mut fork, &long), recomputed(&long));
+    assert_eq!(run(&mut original, &[7, 8]), recomputed(&[7, 8]));
+    assert_eq!(run(&mut spare, &[7, 8]), recomputed(&[7, 8]));
+    assert_eq!(model.position(&fork), PROMPT.len() + long.len());
+    assert_eq!(model.position(&original), PROMPT.len() + 2);
+}
+
+#[test]
+fn a_forked_cpu_session_continues_exactly_like_its_original() {
+    forks_continue_exactly(&**model());
 }
 
 /// A job's id and its result: how it finished and its tokens, or its error.
@@ -221,9 +257,9 @@ impl Harness {
 
 #[test]
 fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
-    let m = model();
+    let m: &Model = model();
     let sched = Scheduler::start(
-        m.clone(),
+        model().clone(),
         SchedulerConfig {
             max_active: 3,
             queue_capacity: 0,
@@ -246,7 +282,7 @@ fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
     for _ in 0..3 {
         let (id, result) = h.next();
         let (fin, tokens) = result.unwrap();
-        let plain = generate(&m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
+        let plain = generate(m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
         assert_eq!(tokens, plain.tokens, "job {id}");
         assert_eq!(
             (fin.reason, fin.completion_tokens),
@@ -272,9 +308,9 @@ fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
 
 #[test]
 fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
-    let m = model();
+    let m: &Model = model();
     let sched = Scheduler::start(
-        m.clone(),
+        model().clone(),
         SchedulerConfig {
             max_active: 1,
             queue_capacity: 4,
@@ -300,7 +336,7 @@ fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
     assert_eq!(sched.counters().cancelled.load(Ordering::Relaxed), 1);
     // Job 0's prompt state was stored after its prefill; job 1 extends it.
     assert_eq!(fin.cached_tokens, PROMPT.len());
-    let plain = generate(&m, &request(&longer, 3, 0.0), &Stats::default(), |_, _| {
+    let plain = generate(m, &request(&longer, 3, 0.0), &Stats::default(), |_, _| {
         Flow::Continue
     })
     .unwrap();
@@ -322,9 +358,9 @@ fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
 /// Like [`drive`], with `draft` guessing.
 fn drive_speculative(
     model: &Model,
-    draft: &mut Draft,
-    mut gen: Generation,
-) -> (Vec<u32>, Vec<Vec<u32>>, Generation) {
+    draft: &mut Draft<Model>,
+    mut gen: Generation<Model>,
+) -> (Vec<u32>, Vec<Vec<u32>>, Generation<Model>) {
     let stats = Stats::default();
     let mut logits = Vec::new();
     while gen
@@ -340,31 +376,31 @@ fn drive_speculative(
 
 #[test]
 fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
-    let m = model();
+    let m: &Model = model();
     let dir = tempfile::tempdir().unwrap();
     make_model(Arch::KimiK3, Preset::Tiny, 1, dir.path()).unwrap();
     let other = Model::load(dir.path()).unwrap();
     let plain = drive(
-        &m,
-        Generation::new(&m, &request(&PROMPT, 20, 0.0), None).unwrap(),
+        m,
+        Generation::new(m, &request(&PROMPT, 20, 0.0), None).unwrap(),
         256,
     );
     for temperature in [0.0, 0.9] {
         let mut req = request(&PROMPT, 20, temperature);
         // End on the 7th token of the greedy run when it comes up.
         req.stop_ids = vec![plain.0[6]];
-        let (a_tokens, a_logits, a) = drive(&m, Generation::new(&m, &req, None).unwrap(), 256);
+        let (a_tokens, a_logits, a) = drive(m, Generation::new(m, &req, None).unwrap(), 256);
         // A drafter that is always right (the model itself) and one that is mostly wrong.
-        for drafter in [&*m, &other] {
+        for drafter in [m, &other] {
             for k in [1, 3, 8] {
-                let mut draft = Draft::new(drafter, &m, k).unwrap();
+                let mut draft = Draft::new(drafter, m, k).unwrap();
                 let (b_tokens, b_logits, b) =
-                    drive_speculative(&m, &mut draft, Generation::new(&m, &req, None).unwrap());
+                    drive_speculative(m, &mut draft, Generation::new(m, &req, None).unwrap());
                 assert_eq!(a_tokens, b_tokens, "t={temperature} k={k}");
                 assert!(a_logits == b_logits, "t={temperature} k={k}");
                 assert_eq!(a.finish_reason(), b.finish_reason());
                 // Both sessions consumed the same history: the next pass is bit-identical.
-                let (ha, mut sa, la) = a.snapshot().unwrap();
+                let (ha, mut sa, la) = a.snapshot(m).unwrap().unwrap();
                 let (hb, mut sb, lb) = b.into_snapshot().unwrap();
                 assert_eq!(ha, hb);
                 assert!(la == lb);
@@ -373,7 +409,7 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
                 let next_a = m.forward(&mut sa, &[7], rows, &stats).unwrap();
                 let next_b = m.forward(&mut sb, &[7], rows, &stats).unwrap();
                 assert!(next_a == next_b);
-                if std::ptr::eq(drafter, &*m) && temperature == 0.0 {
+                if std::ptr::eq(drafter, m) && temperature == 0.0 {
                     assert_eq!(draft.acceptance(), 1.0, "the model agrees with itself");
                 }
             }

@@ -23,6 +23,15 @@ pub enum LayerState {
     Mla(LatentCache),
 }
 
+impl LayerState {
+    pub fn bytes(&self) -> usize {
+        match self {
+            LayerState::Kda(s) => s.bytes(),
+            LayerState::Mla(c) => c.bytes(),
+        }
+    }
+}
+
 impl Attention {
     pub fn load(ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<Attention> {
         Ok(if cfg.is_mla[layer] {

@@ -73,6 +73,10 @@ impl KdaState {
             s: vec![0.0; heads * dim * dim],
         }
     }
+
+    pub fn bytes(&self) -> usize {
+        4 * (self.conv.iter().map(Vec::len).sum::<usize>() + self.s.len())
+    }
 }
 
 impl Kda {

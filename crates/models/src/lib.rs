@@ -1,6 +1,8 @@
 //! Model families, each in one file that reads like its contract: [`kimi_k3`] and [`kimi_linear`], built
-//! from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels.
+//! from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels. [`Model`] runs them through the
+//! [`Backend`] trait, which the engine drives.
 
+pub mod backend;
 pub mod blocks;
 pub mod experts;
 pub mod kda;
@@ -13,6 +15,7 @@ pub mod spine;
 pub mod weights;
 
 use anyhow::{bail, Result};
+pub use backend::Backend;
 use blocks::LayerState;
 use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
@@ -94,7 +97,7 @@ impl Model {
     }
 
     /// The expert store, for its counters.
-    pub fn store(&self) -> &ExpertStore {
+    pub fn store(&self) -> &Arc<ExpertStore> {
         match self {
             Model::KimiK3(m) => &m.experts,
             Model::KimiLinear(m) => &m.experts,
@@ -122,10 +125,28 @@ impl Model {
             Model::KimiLinear(m) => m.streamed_layers(),
         }
     }
+}
 
-    /// Runs `tokens` after the session's history (prefill, one decode step, or anything between: the same
-    /// code path) and returns logits `[rows, vocab]`.
-    pub fn forward(
+impl Backend for Model {
+    type Session = Session;
+
+    fn config(&self) -> &ModelConfig {
+        Model::config(self)
+    }
+
+    fn store(&self) -> &Arc<ExpertStore> {
+        Model::store(self)
+    }
+
+    fn kernels(&self) -> String {
+        deltafin_kernels::isa().into()
+    }
+
+    fn new_session(&self) -> Result<Session> {
+        Ok(Model::new_session(self))
+    }
+
+    fn forward(
         &self,
         session: &mut Session,
         tokens: &[u32],
@@ -137,6 +158,19 @@ impl Model {
             Model::KimiK3(m) => m.forward(session, tokens, rows, stats),
             Model::KimiLinear(m) => m.forward(session, tokens, rows, stats),
         }
+    }
+
+    fn fork(&self, session: &Session) -> Result<Session> {
+        Ok(session.clone())
+    }
+
+    fn position(&self, session: &Session) -> usize {
+        session.pos
+    }
+
+    /// The MLA latent caches plus the KDA recurrent and convolution states.
+    fn session_bytes(&self, session: &Session) -> usize {
+        session.layers.iter().map(LayerState::bytes).sum()
     }
 }
 

@@ -1,12 +1,12 @@
-//! `deltafin serve`: flags, loading, and SIGTERM / Ctrl-C handling.
+//! `deltafin serve`: flags, starting up, and SIGTERM / Ctrl-C handling.
 
 use crate::{serve, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_engine::SchedulerConfig;
-use deltafin_models::Model;
+use deltafin_models::Backend;
 use deltafin_tokenizer::Tokenizer;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,12 +55,15 @@ pub struct ServeArgs {
     pub shutdown_grace_secs: u64,
 }
 
-/// `load` says where routed experts come from and how much memory they may use (the CLI's store flags).
-pub fn run(a: ServeArgs, load: &deltafin_models::LoadOptions) -> Result<()> {
+/// `load` opens the checkpoint directory on the backend the caller chose (the CLI's device and store flags).
+pub fn run<B: Backend + 'static>(
+    a: ServeArgs,
+    load: impl FnOnce(&Path) -> Result<B>,
+) -> Result<()> {
     if a.max_active == 0 {
         bail!("--max-active must be at least 1");
     }
-    let model = Arc::new(Model::load_with(&a.model, load)?);
+    let model = Arc::new(load(&a.model)?);
     let tokenizer = Arc::new(Tokenizer::from_dir(&a.model)?);
     let name = match a.served_model_name {
         Some(n) => n,

@@ -23,7 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use deltafin_engine::{Scheduler, SchedulerConfig};
-use deltafin_models::Model;
+use deltafin_models::Backend;
+use deltafin_store::ExpertStore;
 use deltafin_tokenizer::Tokenizer;
 use error::ApiError;
 use std::future::Future;
@@ -69,7 +70,8 @@ impl Default for ServerConfig {
 pub(crate) struct AppState {
     cfg: ServerConfig,
     sched: Arc<Scheduler>,
-    model: Arc<Model>,
+    /// Where routed experts are read from (its counters feed `/metrics`).
+    store: Arc<ExpertStore>,
     tokenizer: Arc<Tokenizer>,
     /// Chat needs the template's special tokens; without them only `/v1/completions` works.
     markup: Result<chat::Markup, String>,
@@ -81,11 +83,12 @@ pub(crate) struct AppState {
     created: u64,
 }
 
-/// Serves on `listener` until `shutdown` resolves, then stops accepting, lets in-flight requests finish for up
-/// to `shutdown_grace`, ends what is left with an error, and returns once the worker has exited.
-pub async fn serve(
+/// Serves `model` (on whichever backend computes it) on `listener` until `shutdown` resolves, then stops
+/// accepting, lets in-flight requests finish for up to `shutdown_grace`, ends what is left with an error, and
+/// returns once the worker has exited.
+pub async fn serve<B: Backend + 'static>(
     listener: tokio::net::TcpListener,
-    model: Arc<Model>,
+    model: Arc<B>,
     tokenizer: Arc<Tokenizer>,
     cfg: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -104,8 +107,8 @@ pub async fn serve(
         vocab: model.config().vocab_size,
         stop_ids,
         tokenizer,
+        store: model.store().clone(),
         sched: sched.clone(),
-        model,
         http: Default::default(),
         next_id: AtomicU64::new(1),
         created: std::time::SystemTime::now()
@@ -199,9 +202,9 @@ pub struct Running {
 
 impl Running {
     /// Binds `addr` (port 0 picks a free port) and serves there.
-    pub fn start(
+    pub fn start<B: Backend + 'static>(
         addr: SocketAddr,
-        model: Arc<Model>,
+        model: Arc<B>,
         tokenizer: Arc<Tokenizer>,
         cfg: ServerConfig,
     ) -> Result<Running> {

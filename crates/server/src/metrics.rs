@@ -2,7 +2,7 @@
 //! prefix-cache use and expert bytes read.
 
 use deltafin_engine::Scheduler;
-use deltafin_models::Model;
+use deltafin_store::ExpertStore;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -37,7 +37,7 @@ impl HttpCounters {
     }
 }
 
-pub fn render(http: &HttpCounters, sched: &Scheduler, model: &Model) -> String {
+pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -162,7 +162,7 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, model: &Model) -> String {
         "Routed-expert bytes the forward passes computed with (from cache or storage).",
         &one(used.bytes() as f64),
     );
-    let store = model.store().snapshot();
+    let store = store.snapshot();
     metric(
         "deltafin_expert_bytes_read_total",
         "counter",

@@ -41,7 +41,7 @@ pub async fn metrics(State(s): Shared) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics::render(&s.http, &s.sched, &s.model),
+        metrics::render(&s.http, &s.sched, &s.store),
     )
         .into_response()
 }

@@ -3,7 +3,7 @@
 
 use deltafin_formats::npy::{self, Array2};
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Stats};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

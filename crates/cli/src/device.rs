@@ -1,0 +1,182 @@
+//! `--device cpu|cuda[:N]` for `run`, `chat` and `serve`: loading a model on the GPU backend (deltafin-cuda),
+//! and the `[probe]` and `[cuda]` lines `run` prints of what the device did.
+
+use crate::progress;
+use anyhow::{Context, Result};
+use clap::Args;
+use deltafin_cuda::{CudaModel, CudaOptions, CudaSession, Device};
+use deltafin_formats::config::ModelConfig;
+use deltafin_models::{Backend, LoadOptions, LogitRows, Stats};
+use deltafin_store::ExpertStore;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArgs {
+    /// Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; the CUDA driver and NVRTC are loaded at
+    /// run time, and their absence is reported).
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
+    /// With --device cuda: VRAM for routed experts, e.g. 16G (default: every expert, or free VRAM less 4 GiB).
+    /// Experts beyond it stream from host memory (the RAM expert cache, then disk) over PCIe.
+    #[arg(long, value_name = "SIZE")]
+    pub expert_vram: Option<String>,
+    /// With --device cuda: VRAM for the spine's layers, e.g. 8G (default: every layer, or free VRAM less
+    /// 4 GiB). Layers beyond it stay in page-locked host memory and are copied in one layer ahead of compute,
+    /// through two buffers of the largest layer's size that count against it (0 streams every layer).
+    #[arg(long, value_name = "SIZE")]
+    pub spine_vram: Option<String>,
+}
+
+impl DeviceArgs {
+    /// Loads `dir` on GPU `ordinal` (`--device cuda:ordinal`) within the VRAM budgets.
+    pub fn load_cuda(&self, ordinal: usize, dir: &Path, load: &LoadOptions) -> Result<CudaModel> {
+        let size = |s: &Option<String>| s.as_deref().map(crate::store_args::parse_size).transpose();
+        let opts = CudaOptions {
+            ordinal,
+            expert_vram: size(&self.expert_vram)?,
+            spine_vram: size(&self.spine_vram)?,
+        };
+        progress::while_busy("loading the model onto the GPU", || {
+            CudaModel::load(dir, load, &opts)
+        })
+        .context("--device cuda")
+    }
+}
+
+/// `--probe-bandwidth`: the raw pinned host-to-device and device-to-device copy bandwidths of the model's GPU.
+pub fn probe_bandwidth(model: &CudaModel) -> Result<()> {
+    let g = model.gpu();
+    let h2d = deltafin_cuda::probe::h2d_pinned(g, 256 << 20, 5)?;
+    let d2d = deltafin_cuda::probe::d2d(g, 1 << 30, 5)?;
+    eprintln!(
+        "[probe] pinned host->device {h2d:.1} GB/s; device->device {d2d:.1} GB/s (read+write)"
+    );
+    Ok(())
+}
+
+/// A CUDA model whose forward passes are each timed, with the bytes each copied to the device: what the
+/// `[cuda]` line reports. Only the pass is timed (not sampling or printing), so a step's time is the model's.
+pub struct Timed<'m> {
+    model: &'m CudaModel,
+    passes: Mutex<Vec<Pass>>,
+}
+
+struct Pass {
+    tokens: usize,
+    secs: f64,
+    h2d: u64,
+    spine_h2d: u64,
+    expert_bytes: u64,
+}
+
+impl<'m> Timed<'m> {
+    pub fn new(model: &'m CudaModel) -> Timed<'m> {
+        Timed {
+            model,
+            passes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The `[cuda]` line: the first pass is the prompt's, every later one a decode step (with --draft, a step
+    /// checks several tokens at once).
+    pub fn line(&self, load_secs: f64) -> String {
+        let passes = self.passes.lock().unwrap();
+        let Some((prefill, steps)) = passes.split_first() else {
+            return "[cuda] no forward pass ran".into();
+        };
+        let m = self.model;
+        let c = m.counters();
+        let step_secs: Vec<f64> = steps.iter().map(|p| p.secs).collect();
+        let decode: f64 = step_secs.iter().sum();
+        // Steady state: the second half of the decode steps (caches warm).
+        let half = &steps[steps.len() / 2..];
+        let half_h2d: u64 = half.iter().map(|p| p.h2d).sum();
+        let half_secs: f64 = half.iter().map(|p| p.secs).sum();
+        let med = deltafin_cuda::probe::median(&mut step_secs.clone());
+        let tokens: usize = passes.iter().map(|p| p.tokens).sum();
+        let expert_bytes: u64 = passes.iter().map(|p| p.expert_bytes).sum();
+        let step_spine_h2d: u64 = steps.iter().map(|p| p.spine_h2d).sum();
+        format!(
+            "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
+            m.kernels(),
+            prefill.tokens,
+            prefill.secs,
+            steps.len(),
+            med * 1e3,
+            1.0 / med.max(1e-12),
+            m.expert_slots(),
+            m.record_len(),
+            c.vram_hits,
+            c.vram_misses,
+            c.h2d_bytes as f64 / 1e6,
+            if m.copies_from_slab() {
+                "from the page-locked RAM cache"
+            } else {
+                "staged"
+            },
+            c.stage_secs,
+            half_h2d as f64 / 1e6 / half.len().max(1) as f64,
+            half_h2d as f64 / half_secs.max(1e-12) / 1e9,
+            m.spine_bytes_per_token() as f64 / 1e6,
+            expert_bytes as f64 / 1e6 / tokens as f64,
+            m.spine_layers_streamed(),
+            m.config().num_layers,
+            step_spine_h2d as f64 / 1e6 / steps.len().max(1) as f64,
+        )
+    }
+}
+
+impl Backend for Timed<'_> {
+    type Session = CudaSession;
+
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn store(&self) -> &Arc<ExpertStore> {
+        self.model.store()
+    }
+
+    fn kernels(&self) -> String {
+        self.model.kernels()
+    }
+
+    fn new_session(&self) -> Result<CudaSession> {
+        self.model.new_session()
+    }
+
+    fn forward(
+        &self,
+        session: &mut CudaSession,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let (t, c0, bytes0) = (Instant::now(), self.model.counters(), stats.bytes());
+        let logits = self.model.forward(session, tokens, rows, stats)?;
+        let secs = t.elapsed().as_secs_f64();
+        let c = self.model.counters();
+        self.passes.lock().unwrap().push(Pass {
+            tokens: tokens.len(),
+            secs,
+            h2d: c.h2d_bytes - c0.h2d_bytes,
+            spine_h2d: c.spine_h2d_bytes - c0.spine_h2d_bytes,
+            expert_bytes: stats.bytes() - bytes0,
+        });
+        Ok(logits)
+    }
+
+    fn fork(&self, session: &CudaSession) -> Result<CudaSession> {
+        self.model.fork(session)
+    }
+
+    fn position(&self, session: &CudaSession) -> usize {
+        self.model.position(session)
+    }
+
+    fn session_bytes(&self, session: &CudaSession) -> usize {
+        self.model.session_bytes(session)
+    }
+}

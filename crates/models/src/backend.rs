@@ -1,0 +1,45 @@
+//! What the engine needs of a model, whichever device computes it: sessions, forward passes, and copies of a
+//! session's state. [`crate::Model`] (the CPU) implements it here and `deltafin-cuda`'s `CudaModel` on the GPU,
+//! so generation, sampling, prefix reuse, speculative decoding and serving are written once. It lives with the
+//! models rather than the kernels because a session is model state (KDA recurrences, MLA latent caches).
+
+use crate::{LogitRows, Stats};
+use anyhow::Result;
+use deltafin_formats::config::ModelConfig;
+use deltafin_store::ExpertStore;
+use std::sync::Arc;
+
+pub trait Backend: Send + Sync {
+    /// One sequence's state, where the backend keeps it (host or device memory).
+    type Session: Send;
+
+    fn config(&self) -> &ModelConfig;
+
+    /// The store routed experts are read from (for its counters, which a server reads from other threads).
+    fn store(&self) -> &Arc<ExpertStore>;
+
+    /// What computes the passes, for reports: the CPU kernels' instruction set, or the GPU.
+    fn kernels(&self) -> String;
+
+    /// A session that has consumed nothing.
+    fn new_session(&self) -> Result<Self::Session>;
+
+    /// Runs `tokens` after the session's history (prefill, one decode step, or anything between: the same
+    /// code path) and returns logits `[rows, vocab]`.
+    fn forward(
+        &self,
+        session: &mut Self::Session,
+        tokens: &[u32],
+        rows: LogitRows,
+        stats: &Stats,
+    ) -> Result<Vec<f32>>;
+
+    /// An independent copy of `session`, equal bit for bit: both continue exactly as the original would.
+    fn fork(&self, session: &Self::Session) -> Result<Self::Session>;
+
+    /// Tokens `session` has consumed.
+    fn position(&self, session: &Self::Session) -> usize;
+
+    /// Memory `session` holds (what the prefix cache counts against its budget).
+    fn session_bytes(&self, session: &Self::Session) -> usize;
+}
