@@ -1,12 +1,13 @@
 // deltafin CUDA kernels, compiled by NVRTC at run time for the GPU in hand (with --fmad=false, so a
 // multiply followed by an add rounds twice, as in the CPU code; fmaf() is written where the CPU fuses).
 //
-// Every dot product follows the CPU kernels' fixed order (crates/kernels): element i of the 32-multiple
-// prefix goes to lane i % 32 in increasing i with one fma, then the lanes fold by the tree
-// acc[k] += acc[k + h], h = 16, 8, 4, 2, 1; the tail follows in order. The "lanes" are accumulators, not
-// threads: a warp may hold them one per thread (spine matrices, norms, attention), a row's four threads eight
-// each (the gated MLP), or one thread all 32 (routed experts, as the CPU does). Each (row, output) value is
-// computed by its own threads whatever the batch, so results do not depend on which other rows share a pass.
+// Every dot product but the routed MXFP4 experts' (their own order, see mx_block) follows the CPU kernels' fixed
+// order (crates/kernels): element i of the 32-multiple prefix goes to lane i % 32 in increasing i with one fma,
+// then the lanes fold by the tree acc[k] += acc[k + h], h = 16, 8, 4, 2, 1; the tail follows in order. The
+// "lanes" are accumulators, not threads: a warp may hold them one per thread (spine matrices, norms,
+// attention), a row's four threads eight each (the gated MLP), or one thread all 32 (BF16 experts, as the CPU
+// does). Each (row, output) value is computed by its own threads in a fixed order whatever the batch, so
+// results do not depend on which other rows share a pass.
 
 typedef unsigned short u16;
 typedef unsigned char u8;

@@ -2,9 +2,10 @@
 //!
 //! - The CUDA driver and NVRTC are loaded at run time (cudarc, dynamic loading): the same binary runs on
 //!   machines without CUDA, and [`availability`] says why the GPU cannot be used there.
-//! - Kernels are CUDA C (`kernels.cu`) compiled by NVRTC for the GPU in hand. Every dot product follows the
-//!   CPU kernels' 32-lane order (32 accumulators per output, held by one thread, four or a warp), so a row's
-//!   result never depends on its batch.
+//! - Kernels are CUDA C (`kernels.cu`) compiled by NVRTC for the GPU in hand. Dot products follow the CPU
+//!   kernels' 32-lane order (32 accumulators per output, held by one thread, four or a warp), except the
+//!   routed MXFP4 experts, rearranged in VRAM into a layout and order of their own for speed (within 1e-4 of
+//!   the CPU); every order is fixed per row, so a row's result never depends on its batch.
 //! - Memory is one hierarchy: the spine resident in VRAM (layers beyond `--spine-vram` copied in one layer
 //!   ahead of compute from page-locked host memory); routed experts in a VRAM slot cache with a budget
 //!   (filled at load when it holds them all), else filled from the CPU-side [`deltafin_store::ExpertStore`]
