@@ -562,7 +562,8 @@ __device__ __forceinline__ float mx_weight(u32 w, int k) {
 
 // One MXFP4 block into acc: each word's eight products in an fma chain (four chains), summed
 // (c0 + c1) + (c2 + c3), then acc += partial · 2^(126−K) · 2^(s−127). x is staged times 2^K (see
-// stage_x_scaled), so each product e2m1 · 2^-126 · x · 2^K is e2m1 · x · 2^(K−126), exactly as rounded.
+// stage_expert_x), so each product e2m1 · 2^-126 · x · 2^K = e2m1 · x · 2^(K−126) is exact inside its fma and
+// the powers of two scale exactly: only the sums round.
 __device__ __forceinline__ float mx_block(float acc, uint4 v, u32 s, const float* xb, float unscale) {
     u32 p[4] = {v.x, v.y, v.z, v.w};
     float part[4];
