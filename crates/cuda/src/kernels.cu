@@ -661,31 +661,33 @@ __device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const
 
 // Lane `lane` returns row r0 + lane · x over blocks [b0, b1) of an MXFP4 matrix of `rows` rows and `cols`
 // columns in the device layout (weights W, scales S; r0 a multiple of 32; lanes past the last row repeat it).
-// x is staged by stage_expert_x, whose return value is `unscale`. Eight blocks are in flight: each register
-// slot is refilled with the block eight ahead as soon as it has been read.
+// x is staged by stage_expert_x, whose return value is `unscale`. MX_AHEAD blocks are in flight: each register
+// slot is refilled with the block MX_AHEAD ahead as soon as it has been read. Four measured faster than eight
+// on the H200 (1.51–1.52 against 1.55–1.57 ms a token: 94 registers instead of 158, more warps an SM).
+#define MX_AHEAD 4
 __device__ float rows32_mx(const u8* W, const u8* S, int rows, int cols, int r0, int b0, int b1, const float* x,
                            float unscale) {
     int lane = threadIdx.x & 31;
     int ng = min(32, rows - r0), rl = min(lane, ng - 1);
     const uint4* wp = (const uint4*)(W + (size_t)r0 * (cols / 2)) + rl;
     const u8* sp = S + (size_t)r0 * (cols / 32) + rl;
-    uint4 buf[8];
-    u32 sb[8];
+    uint4 buf[MX_AHEAD];
+    u32 sb[MX_AHEAD];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < MX_AHEAD; j++)
         if (b0 + j < b1) {
             buf[j] = ldg_w(wp + (size_t)(b0 + j) * ng);
             sb[j] = __ldg(sp + (size_t)(b0 + j) * ng);
         }
     float acc = 0.0f;
-    for (int c = b0; c < b1; c += 8) {
+    for (int c = b0; c < b1; c += MX_AHEAD) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < MX_AHEAD; j++) {
             uint4 v = buf[j];
             u32 s = sb[j];
-            if (c + 8 + j < b1) {
-                buf[j] = ldg_w(wp + (size_t)(c + 8 + j) * ng);
-                sb[j] = __ldg(sp + (size_t)(c + 8 + j) * ng);
+            if (c + MX_AHEAD + j < b1) {
+                buf[j] = ldg_w(wp + (size_t)(c + MX_AHEAD + j) * ng);
+                sb[j] = __ldg(sp + (size_t)(c + MX_AHEAD + j) * ng);
             }
             if (c + j < b1) acc = mx_block(acc, v, s, x + 32 * (c + j), unscale);
         }
@@ -746,7 +748,7 @@ __device__ void expert_up(const u64* slots, const int* row_off, const int* rows,
     int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
     const u8* w = rec + (up ? parts.off[MX ? 4 : 2] : parts.off[0]);
-    const u8* sc = rec + parts.off[up ? 5 : 1];
+    const u8* sc = rec + (up ? parts.off[5] : parts.off[1]);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
         float unscale = stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
         part[up][half][lane] =
