@@ -290,7 +290,7 @@ fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> 
         };
         let (prefill, stats) = progress::prefill_bar(
             req.prompt.len(),
-            model.config().num_layers,
+            model.reports_layers().then_some(model.config().num_layers),
             Stats::default(),
         );
         let mut printer = ReplyPrinter::new(!a.hide_reasoning);

@@ -101,7 +101,7 @@ fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs
     };
     let (prefill, stats) = progress::prefill_bar(
         req.prompt.len(),
-        model.config().num_layers,
+        model.reports_layers().then_some(model.config().num_layers),
         if args.events.is_some() {
             Stats::with_routes()
         } else {

@@ -28,8 +28,21 @@ pub fn while_busy<T>(message: &str, work: impl FnOnce() -> T) -> T {
 }
 
 /// A bar for the prefill of a long prompt (hidden for short ones), advanced layer by layer by the passes
-/// `stats` watches; finish it at the first token.
-pub fn prefill_bar(prompt_tokens: usize, layers: usize, stats: Stats) -> (ProgressBar, Stats) {
+/// `stats` watches, or a spinner where the passes do not report their layers (`layers` None); finish it at the
+/// first token.
+pub fn prefill_bar(
+    prompt_tokens: usize,
+    layers: Option<usize>,
+    stats: Stats,
+) -> (ProgressBar, Stats) {
+    let Some(layers) = layers else {
+        let pb = if prompt_tokens < PREFILL_BAR_TOKENS {
+            ProgressBar::hidden()
+        } else {
+            spinner(format!("prefilling {prompt_tokens} prompt tokens"))
+        };
+        return (pb, stats);
+    };
     let pb = bar(prompt_tokens, layers);
     let hook = pb.clone();
     let stats = stats.on_layer(move |l| {

@@ -420,6 +420,10 @@ impl Backend for CudaModel {
         format!("{} (sm_{}{})", self.gpu.name, self.gpu.sm.0, self.gpu.sm.1)
     }
 
+    fn reports_layers(&self) -> bool {
+        false
+    }
+
     fn new_session(&self) -> Result<CudaSession> {
         let layers = self
             .layers

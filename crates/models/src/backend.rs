@@ -21,6 +21,12 @@ pub trait Backend: Send + Sync {
     /// What computes the passes, for reports: the CPU kernels' instruction set, or the GPU.
     fn kernels(&self) -> String;
 
+    /// Whether a pass calls `Stats`' layer hook as each layer finishes (a progress bar can then follow a long
+    /// prefill). A GPU pass is issued ahead of its execution, so it cannot say.
+    fn reports_layers(&self) -> bool {
+        true
+    }
+
     /// A session that has consumed nothing.
     fn new_session(&self) -> Result<Self::Session>;
 
