@@ -143,6 +143,10 @@ impl Backend for Timed<'_> {
         self.model.kernels()
     }
 
+    fn reports_layers(&self) -> bool {
+        self.model.reports_layers()
+    }
+
     fn new_session(&self) -> Result<CudaSession> {
         self.model.new_session()
     }
