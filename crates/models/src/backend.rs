@@ -23,9 +23,7 @@ pub trait Backend: Send + Sync {
 
     /// Whether a pass calls `Stats`' layer hook as each layer finishes (a progress bar can then follow a long
     /// prefill). A GPU pass is issued ahead of its execution, so it cannot say.
-    fn reports_layers(&self) -> bool {
-        true
-    }
+    fn reports_layers(&self) -> bool;
 
     /// A session that has consumed nothing.
     fn new_session(&self) -> Result<Self::Session>;

@@ -142,6 +142,10 @@ impl Backend for Model {
         deltafin_kernels::isa().into()
     }
 
+    fn reports_layers(&self) -> bool {
+        true
+    }
+
     fn new_session(&self) -> Result<Session> {
         Ok(Model::new_session(self))
     }
