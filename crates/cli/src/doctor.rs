@@ -1,4 +1,4 @@
-//! `deltafin doctor`: what this machine offers (CPU features and the kernel path, memory, disk read
+//! `deltafin doctor`: what this machine offers (CPU features and the kernel path, memory, GPUs, disk read
 //! bandwidth) and whether a model directory is healthy, one line per problem.
 
 use crate::chat::ChatFormat;
@@ -27,6 +27,10 @@ pub struct DoctorArgs {
 pub fn doctor(a: DoctorArgs) -> Result<()> {
     println!("cpu: {}", cpu_line());
     println!("memory: {}", memory_line());
+    match deltafin_cuda::gpu::describe() {
+        Ok(gpus) => gpus.iter().for_each(|g| println!("gpu: {g}")),
+        Err(e) => println!("gpu: none usable ({e:#})"),
+    }
     let disk = a
         .disk
         .clone()

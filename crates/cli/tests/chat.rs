@@ -139,6 +139,7 @@ fn doctor_reports_machine_and_model_health() {
         "cpu: ",
         "kernels: ",
         "memory: ",
+        "gpu: ",
         "disk: ",
         "GB/s",
         "weights: ",

@@ -63,6 +63,24 @@ pub fn availability() -> Result<usize> {
     Ok(n as usize)
 }
 
+/// One line per GPU (`cuda:N name (sm_XY), memory`), or why CUDA cannot be used here: what `doctor` reports.
+pub fn describe() -> Result<Vec<String>> {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    (0..availability()?)
+        .map(|i| {
+            let ctx = CudaContext::new(i).map_err(|e| anyhow!("cannot open GPU {i}: {e:?}"))?;
+            let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+            let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
+            let (free, total) = ctx.mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+            Ok(format!(
+                "cuda:{i} {name} (sm_{major}{minor}), {:.1} GiB, {:.1} GiB free",
+                gib(total),
+                gib(free)
+            ))
+        })
+        .collect()
+}
+
 /// NVRTC options shared by tests and the device: no contraction of a*b+c (the CPU rounds twice there),
 /// IEEE division and square root, no flush-to-zero.
 pub fn compile_options(arch: Option<&'static str>) -> CompileOptions {
