@@ -23,8 +23,12 @@
 //!
 //! # Chat (module [`chat`])
 //!
-//! ```ignore
+//! ```no_run
 //! use deltafin_tokenizer::chat::{render_k3, ChatMessage, Effort, ReplyEvent, ReplyParser};
+//! use deltafin_tokenizer::{StreamDecoder, Tokenizer};
+//! # fn main() -> anyhow::Result<()> {
+//! let tokenizer = Tokenizer::from_dir(std::path::Path::new("path/to/checkpoint"))?;
+//! # let generated: Vec<u32> = Vec::new();
 //! let pieces = render_k3(&[ChatMessage::user("Hi")], Some(Effort::High), true);
 //! let prompt_ids = tokenizer.encode_pieces(&pieces);
 //! let mut parser = ReplyParser::new(); // the K3 generation prompt leaves the reply inside a think block
@@ -39,6 +43,8 @@
 //!     }
 //! }
 //! let rest = parser.finish(&decoder.finish());
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Other model families render through their checkpoint's own Jinja chat template:
