@@ -29,6 +29,9 @@ __device__ __forceinline__ float fold_lanes(float acc) {
     return acc;
 }
 
+// 1 / RMS from a row's sum of squares, as deltafin_models::ops::inv_rms computes it (every norm on the device uses it).
+__device__ __forceinline__ float inv_rms(float ss, int d, float eps) { return 1.0f / sqrtf(ss / (float)d + eps); }
+
 // The block asks L2 for bytes [p, p + len) of constant weights, one 256-byte line per thread and step: their
 // fetch overlaps the staging of x.
 __device__ __forceinline__ void prefetch_l2(const void* p, size_t len) {
@@ -174,7 +177,7 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
         if (norm_w) {
             if (warp < nt) {
                 float ss = warp_dot(xs + warp * cols, xs + warp * cols, cols, lane);
-                if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / (float)cols + eps);
+                if (lane == 0) inv[warp] = inv_rms(ss, cols, eps);
             }
             __syncthreads();
             for (int i = threadIdx.x; i < nt * cols; i += blockDim.x) xs[i] = norm_w[i % cols] * (xs[i] * inv[i / cols]);
@@ -257,7 +260,7 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
     const float* xr = x + (size_t)t * d;
     if (threadIdx.x < 32) {
         float ss = warp_dot(xr, xr, d, threadIdx.x);
-        if (threadIdx.x == 0) inv = 1.0f / sqrtf(ss / (float)d + eps);
+        if (threadIdx.x == 0) inv = inv_rms(ss, d, eps);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[(size_t)t * d + i] = w[i] * (xr[i] * inv);
@@ -274,7 +277,7 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
         const float* v = (i < na) ? anchors + ((size_t)i * n + t) * hd : cur + (size_t)t * hd;
         float ss = warp_dot(v, v, hd, lane);
         float s = warp_dot(v, w, hd, lane);
-        if (lane == 0) alpha[i] = (1.0f / sqrtf(ss / (float)hd + eps)) * s;
+        if (lane == 0) alpha[i] = inv_rms(ss, hd, eps) * s;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -400,7 +403,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         // 7. RMS over the head, then the output gate.
         if (j < 32) {
             float ss = warp_dot(os, os, dim, j);
-            if (j == 0) red[0] = 1.0f / sqrtf(ss / (float)dim + eps);
+            if (j == 0) red[0] = inv_rms(ss, dim, eps);
         }
         __syncthreads();
         float r = o_norm[j] * (o * red[0]);
@@ -417,7 +420,7 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
     const float* row = c + (size_t)t * (kvl + rope);
     if (threadIdx.x < 32) {
         float ss = warp_dot(row, row, kvl, threadIdx.x);
-        if (threadIdx.x == 0) inv = 1.0f / sqrtf(ss / (float)kvl + eps);
+        if (threadIdx.x == 0) inv = inv_rms(ss, kvl, eps);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kvl; i += blockDim.x)
@@ -490,7 +493,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
 // a block (staged in shared memory, broadcast loads).
 //
 // MXFP4 experts have a device layout and summation order of their own, for speed: the CPU's order (32 lane
-// accumulators, each weight scaled before its fma) costs ~6 instructions a weight, this one ~4. Results agree
+// accumulators, each weight scaled before its fma) costs ~6 instructions a weight, this one ~4.5. Results agree
 // with the CPU to rounding (design.md: 1e-4 across backends), and each row's order is fixed, so a row's result
 // never depends on its batch. Copied into VRAM, each tensor is rearranged by `mx_repack`:
 // - rows in groups of 32 (the last may be shorter, ng rows): within a group, block (chunk) c of row r sits at

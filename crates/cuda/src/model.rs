@@ -288,6 +288,9 @@ struct ExpertCache {
     plan: SlotCache,
     staging: Vec<(Pinned, CudaEvent)>,
     ring: Ring,
+    /// Marks each record's copy for the prep stream to wait on (a wait takes the event as it is when issued, so
+    /// one event serves every copy).
+    copied: CudaEvent,
     counters: CudaCounters,
 }
 
@@ -352,7 +355,6 @@ enum State {
     Mla { lat: DevBuf, pe: DevBuf, cap: usize },
 }
 
-/// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).
 /// How a matmul reads and writes its rows: x RMS-normalised first with `norm` (weights, eps) when given; y = W·x
 /// plus `add` (a device row block of the same shape) when non-zero, stored or, with `accumulate`, added into y.
 /// The forward pass's norms and residual adds are fused into the matmuls next to them (the same arithmetic).
@@ -363,6 +365,7 @@ struct Mm {
     accumulate: bool,
 }
 
+/// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).
 struct Arena {
     buf: Option<DevBuf>,
     off: Cell<usize>,
@@ -541,6 +544,16 @@ impl CudaModel {
                 "expert shapes {}x{}: the CUDA kernels need multiples of 32",
                 layout.inter,
                 layout.width
+            );
+        }
+        // mx_repack rearranges one 32-row group of a tensor per block, in shared memory.
+        let long = layout.width.max(layout.inter);
+        if layout.mxfp4 && 16 * long > gpu.smem_max {
+            bail!(
+                "expert matrices {long} wide need {} bytes of shared memory per block to be rearranged on the GPU; \
+                 this GPU offers {}: run this model on the CPU",
+                16 * long,
+                gpu.smem_max
             );
         }
         let prefix = layer_prefix(cfg.family);
@@ -801,6 +814,7 @@ impl CudaModel {
             plan: SlotCache::new(n_slots),
             ring: Ring::new(staging.len().max(1)),
             staging,
+            copied: gpu.event()?,
             counters: CudaCounters::default(),
         };
         let mut model = CudaModel {
@@ -1667,12 +1681,14 @@ impl CudaModel {
                 ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
             }
             if self.layout.mxfp4 {
-                let copied = self
-                    .gpu
-                    .copy
-                    .record_event(None)
+                cache
+                    .copied
+                    .record(&self.gpu.copy)
                     .map_err(|e| anyhow!("{e:?}"))?;
-                self.gpu.prep.wait(&copied).map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu
+                    .prep
+                    .wait(&cache.copied)
+                    .map_err(|e| anyhow!("{e:?}"))?;
                 self.repack(dst)?;
             }
             cache.counters.h2d_bytes += len as u64;
@@ -1684,23 +1700,14 @@ impl CudaModel {
     /// on the prep stream, ordered after its copy.
     fn repack(&self, dst: u64) -> Result<()> {
         let lay = &self.layout;
-        // A block holds one 32-row group of a tensor.
+        // A block holds one 32-row group of a tensor (its size checked at load).
         let long = lay.width.max(lay.inter);
-        let smem = 16 * long;
-        if smem > self.gpu.smem_max {
-            bail!(
-                "expert matrices {} wide need {smem} bytes of shared memory per block to be rearranged on the GPU; \
-                 this GPU offers {}: run this model on the CPU",
-                long,
-                self.gpu.smem_max
-            );
-        }
         Launch::new(
             &self.gpu,
             "mx_repack",
             (long.div_ceil(32) as u32, 6),
             256,
-            smem as u32,
+            (16 * long) as u32,
         )
         .on_prep_stream()
         .p(dst)
