@@ -138,6 +138,15 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let sm = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        // The kernels use the tensor cores' m16n8k16 MMA and cp.async: Ampere (sm_80) and later.
+        if sm.0 < 8 {
+            bail!(
+                "{name} (sm_{}{}) is older than the kernels support: --device cuda needs compute capability 8.0 \
+                 (Ampere) or newer; run on the CPU instead",
+                sm.0,
+                sm.1
+            );
+        }
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
         let ptx = compile(Some(arch)).context("compiling the CUDA kernels")?;
         let module = ctx

@@ -1,8 +1,8 @@
 // deltafin CUDA kernels, compiled by NVRTC at run time for the GPU in hand (with --fmad=false, so a
 // multiply followed by an add rounds twice, as in the CPU code; fmaf() is written where the CPU fuses).
 //
-// Every dot product but the routed MXFP4 experts' (their own order, see mx_block) follows the CPU kernels' fixed
-// order (crates/kernels): element i of the 32-multiple prefix goes to lane i % 32 in increasing i with one fma,
+// Every dot product but the routed MXFP4 experts' (on the tensor cores, in an order of their own: see
+// rows32_mx) follows the CPU kernels' fixed order (crates/kernels): element i of the 32-multiple prefix goes to lane i % 32 in increasing i with one fma,
 // then the lanes fold by the tree acc[k] += acc[k + h], h = 16, 8, 4, 2, 1; the tail follows in order. The
 // "lanes" are accumulators, not threads: a warp may hold them one per thread (spine matrices, norms,
 // attention), a row's four threads eight each (the gated MLP), or one thread all 32 (BF16 experts, as the CPU
@@ -106,7 +106,7 @@ __device__ __forceinline__ void dot4_bf16(const u16* w, const float* x, int xs, 
         for (int i = 0; i < 8; i++) acc[t][i] = 0.0f;
     const u16* wq = w + 8 * q;
     const float* xq = x + 8 * q;
-#pragma unroll 4
+#pragma unroll 8
     for (int c = 0; c < cols; c += 32) {
         uint4 v = ldg_w(wq + c);
         u32 p[4] = {v.x, v.y, v.z, v.w};
@@ -147,32 +147,61 @@ __device__ __forceinline__ void dot4_bf16(const u16* w, const float* x, int xs, 
 // sides (the previous readers are done, the copy is complete).
 __device__ __forceinline__ void stage_x(float* xs, const float* x, int len) {
     __syncthreads();
+#pragma unroll 8
     for (int i = threadIdx.x; i < len / 4; i += blockDim.x) ((float4*)xs)[i] = __ldg((const float4*)x + i);
     __syncthreads();
 }
 
-// y[t*rows + r] = W[r] . x[t] for t < n, x rows in tiles of TILE. One warp per output row, lane j holding
-// lane j of the order: the row streams through shared memory in 4 KB pieces of coalesced 16-byte loads (the
-// next piece in flight), and lane j reads element 32b + j of each block b from there. The tile's x rows are
-// staged in shared memory first (read by every warp; from global memory each block would wait on a miss).
-// Dynamic shared memory: 8 warps × 4 KB, then min(n, TILE) · cols floats. Prologue: with norm_w, each staged x
-// row is RMS-normalised in shared memory exactly as rms_norm_rows does it (the norm fused into its consumer).
-// Epilogue, as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or y += v with
-// `accumulate` (residual adds fused).
-extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n,
-                                       const float* norm_w, float eps, const float* add, int accumulate) {
-    prefetch_l2(W + (size_t)blockIdx.x * 8 * cols, 2 * (size_t)min(8, rows - (int)blockIdx.x * 8) * cols);
+// 16 bytes global → shared without passing through registers (cp.async), prefetching the 256-byte L2 line.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+// Waits until at most N of this thread's groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// A matmul warp's ring of shared-memory pieces: MM_RING pieces of 4 KB, all in flight while one is computed.
+#define MM_RING 4
+
+// Piece p of a BF16 row (`chunks` 16-byte chunks) into `dst`, 8 chunks a lane; one cp.async group (maybe empty).
+__device__ __forceinline__ void mm_piece(uint4* dst, const uint4* w, int p, int chunks, int lane) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int c = 256 * p + 32 * i + lane;
+        if (c < chunks) cp_async16(&dst[32 * i + lane], w + c);
+    }
+    cp_async_commit();
+}
+
+// y[t*rows + r] = W[r] . x[t] for t < n, x rows in tiles of `tile` ≤ T rows (T = 1 when n is 1: a decode step's
+// single row then runs a loop of its own). One warp per output row, lane j holding lane j of the order: the
+// row streams through a ring of MM_RING shared-memory pieces of 4 KB (cp.async; the first ones issued before x
+// is staged, so their latency overlaps it), and lane j reads element 32b + j of each block b from there. The
+// tile's x rows are staged in shared memory first (read by every warp; from global memory each block would wait
+// on a miss). Dynamic shared memory: each warp's ring, then tile · cols floats. Prologue: with norm_w, each
+// staged x row is RMS-normalised in shared memory exactly as rms_norm_rows does it (the norm fused into its
+// consumer). Epilogue, as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or
+// y += v with `accumulate` (residual adds fused).
+template <int T>
+__device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float* y, int rows, int cols, int n,
+                                            int tile, const float* norm_w, float eps, const float* add,
+                                            int accumulate) {
     extern __shared__ uint4 dyn[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4* piece = dyn + warp * 256;
-    float* xs = (float*)(dyn + 8 * 256);
-    int r = blockIdx.x * 8 + warp;
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4* ring = dyn + warp * MM_RING * 256;
+    float* xs = (float*)(dyn + warps * MM_RING * 256);
+    int r = blockIdx.x * warps + warp;
     const uint4* w = (const uint4*)(W + (size_t)min(r, rows - 1) * cols);
-    const u16* sh = (const u16*)piece;
-    int chunks = cols / 8;
-    __shared__ float inv[TILE];
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        int nt = min(TILE, n - t0);
+    int chunks = cols / 8, pieces = (chunks + 255) / 256;
+    __shared__ float inv[T];
+    for (int t0 = 0; t0 < n; t0 += tile) {
+        int nt = min(tile, n - t0);
+#pragma unroll
+        for (int p = 0; p < MM_RING; p++) mm_piece(ring + 256 * p, w, p, chunks, lane);
         stage_x(xs, x + (size_t)t0 * cols, nt * cols);
         if (norm_w) {
             if (warp < nt) {
@@ -180,39 +209,40 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
                 if (lane == 0) inv[warp] = inv_rms(ss, cols, eps);
             }
             __syncthreads();
-            for (int i = threadIdx.x; i < nt * cols; i += blockDim.x) xs[i] = norm_w[i % cols] * (xs[i] * inv[i / cols]);
+            for (int t = 0; t < nt; t++) {
+                float4* r4 = (float4*)(xs + t * cols);
+                float it = inv[t];
+#pragma unroll 8
+                for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) {
+                    float4 g = __ldg((const float4*)norm_w + i), v = r4[i];
+                    r4[i] = make_float4(g.x * (v.x * it), g.y * (v.y * it), g.z * (v.z * it), g.w * (v.w * it));
+                }
+            }
             __syncthreads();
         }
-        float acc[TILE];
+        float acc[T];
 #pragma unroll
-        for (int t = 0; t < TILE; t++) acc[t] = 0.0f;
-        uint4 next[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) next[i] = 32 * i + lane < chunks ? ldg_w(w + 32 * i + lane) : make_uint4(0, 0, 0, 0);
-        for (int c0 = 0; c0 < chunks; c0 += 256) {
+        for (int t = 0; t < T; t++) acc[t] = 0.0f;
+        for (int p = 0; p < pieces; p++) {
+            cp_async_wait<MM_RING - 1>();  // piece p has landed (for this lane; the barrier: for the warp)
             __syncwarp();
-#pragma unroll
-            for (int i = 0; i < 8; i++) piece[32 * i + lane] = next[i];
-            __syncwarp();
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                int c = c0 + 256 + 32 * i + lane;
-                if (c < chunks) next[i] = ldg_w(w + c);
-            }
-            int len = min(2048, cols - 8 * c0);
-            const float* xc = xs + 8 * c0 + lane;
+            const u16* sh = (const u16*)(ring + 256 * (p % MM_RING));
+            int len = min(2048, cols - 2048 * p);
+            const float* xc = xs + 2048 * p + lane;
 #pragma unroll 4
             for (int e = 0; e < len; e += 32) {
                 float wv = bf16f(sh[e + lane]);
 #pragma unroll
-                for (int t = 0; t < TILE; t++)
-                    if (t0 + t < n) acc[t] = fmaf(wv, xc[(size_t)t * cols + e], acc[t]);
+                for (int t = 0; t < T; t++)
+                    if (t < nt) acc[t] = fmaf(wv, xc[(size_t)t * cols + e], acc[t]);
             }
+            __syncwarp();
+            mm_piece(ring + 256 * (p % MM_RING), w, p + MM_RING, chunks, lane);
         }
 #pragma unroll
-        for (int t = 0; t < TILE; t++) acc[t] = fold_lanes(acc[t]);
+        for (int t = 0; t < T; t++) acc[t] = fold_lanes(acc[t]);
         if (lane == 0 && r < rows)
-            for (int t = 0; t < TILE && t0 + t < n; t++) {
+            for (int t = 0; t < nt; t++) {
                 size_t o = (size_t)(t0 + t) * rows + r;
                 float v = add ? acc[t] + add[o] : acc[t];
                 y[o] = accumulate ? y[o] + v : v;
@@ -220,8 +250,37 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
     }
 }
 
+extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n, int tile,
+                                       const float* norm_w, float eps, const float* add, int accumulate) {
+    int warps = blockDim.x >> 5;
+    prefetch_l2(W + (size_t)blockIdx.x * warps * cols, 2 * (size_t)min(warps, rows - (int)blockIdx.x * warps) * cols);
+    if (n == 1)
+        matmul_rows<1>(W, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate);
+    else
+        matmul_rows<TILE>(W, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate);
+}
+
 // out[t*rows + r] = act(G[r] . x[t], U[r] . x[t]): a gated MLP's first half, fused. Eight threads per row:
-// four on the gate row, four on the up row.
+// four on the gate row, four on the up row; x rows in tiles of T (1 when n is 1, as in matmul_bf16).
+template <int T>
+__device__ __forceinline__ void mlp_rows(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
+                                         int n, int act) {
+    int q = threadIdx.x & 3, up = (threadIdx.x >> 2) & 1;
+    int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
+    if (r - (threadIdx.x & 31) / 8 >= rows) return;
+    int rr = min(r, rows - 1);
+    const u16* w = (up ? U : G) + (size_t)rr * cols;
+    for (int t0 = 0; t0 < n; t0 += T) {
+        float acc[T];
+        dot4_bf16<T>(w, x + (size_t)t0 * cols, cols, cols, n - t0, q, acc);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            float u = __shfl_down_sync(FULL, acc[t], 4);
+            if (q == 0 && !up && r < rows && t0 + t < n) out[(size_t)(t0 + t) * rows + r] = actf(act, acc[t], u);
+        }
+    }
+}
+
 extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
                                       int n, int act) {
     {
@@ -229,20 +288,10 @@ extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x
         prefetch_l2(G + (size_t)r0 * cols, 2 * (size_t)nr * cols);
         prefetch_l2(U + (size_t)r0 * cols, 2 * (size_t)nr * cols);
     }
-    int q = threadIdx.x & 3, up = (threadIdx.x >> 2) & 1;
-    int r = blockIdx.x * (blockDim.x / 8) + threadIdx.x / 8;
-    if (r - (threadIdx.x & 31) / 8 >= rows) return;
-    int rr = min(r, rows - 1);
-    const u16* w = (up ? U : G) + (size_t)rr * cols;
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        float acc[TILE];
-        dot4_bf16<TILE>(w, x + (size_t)t0 * cols, cols, cols, n - t0, q, acc);
-#pragma unroll
-        for (int t = 0; t < TILE; t++) {
-            float u = __shfl_down_sync(FULL, acc[t], 4);
-            if (q == 0 && !up && r < rows && t0 + t < n) out[(size_t)(t0 + t) * rows + r] = actf(act, acc[t], u);
-        }
-    }
+    if (n == 1)
+        mlp_rows<1>(G, U, x, out, rows, cols, n, act);
+    else
+        mlp_rows<TILE>(G, U, x, out, rows, cols, n, act);
 }
 
 extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float* out, int n, int hd) {
@@ -263,13 +312,16 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
         if (threadIdx.x == 0) inv = inv_rms(ss, d, eps);
     }
     __syncthreads();
+#pragma unroll 4
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[(size_t)t * d + i] = w[i] * (xr[i] * inv);
 }
 
 // AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur; α = softmax(inv_rms(v)·(v·w)).
+// With norm_w, the mixed row is then RMS-normalised in place exactly as rms_norm_rows does it (fused).
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
-                                        int n, int hd, float eps) {
+                                        int n, int hd, float eps, const float* norm_w) {
     __shared__ float alpha[16];
+    __shared__ float inv;
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
     int nv = na + 1;
@@ -292,6 +344,7 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
         for (int i = 0; i < nv; i++) alpha[i] *= inv;
     }
     __syncthreads();
+#pragma unroll 4
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
         for (int i = 0; i < nv; i++) {
@@ -300,6 +353,16 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
         }
         out[(size_t)t * hd + d] = o;
     }
+    if (!norm_w) return;
+    float* row = out + (size_t)t * hd;
+    __syncthreads();
+    if (warp == 0) {
+        float ss = warp_dot(row, row, hd, lane);
+        if (lane == 0) inv = inv_rms(ss, hd, eps);
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) row[d] = norm_w[d] * (row[d] * inv);
 }
 
 extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
@@ -489,40 +552,35 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     }
 }
 
-// Routed experts: one thread per expert row, its accumulators in registers; x is the same for every thread of
-// a block (staged in shared memory, broadcast loads).
+// Routed experts. x is the same for every warp of a block (staged in shared memory); each warp computes 32
+// rows of an expert matrix over a range of its blocks, and each row's order is fixed, so a row's result never
+// depends on its batch.
 //
-// MXFP4 experts have a device layout and summation order of their own, for speed: the CPU's order (32 lane
-// accumulators, each weight scaled before its fma) costs ~6 instructions a weight, this one ~4.5. Results agree
-// with the CPU to rounding (design.md: 1e-4 across backends), and each row's order is fixed, so a row's result
-// never depends on its batch. Copied into VRAM, each tensor is rearranged by `mx_repack`:
-// - rows in groups of 32 (the last may be shorter, ng rows): within a group, block (chunk) c of row r sits at
-//   (c·ng + r)·16 bytes and its scale at byte c·ng + r, so a warp's 32 rows read one block each as 512 (and
-//   32) contiguous bytes, straight into registers;
-// - within a block (16 bytes, four words; word i holds elements 8i..8i+7), element 8i+k, k < 6, sits at bits
-//   P, P+1, P+2 (mantissa, then the two exponent bits) and P+9 (sign) of word i, P = 0, 3, 6, 16, 19, 22: one
-//   shift and one mask place it as the f32 e2m1 · 2^-126 (the magnitude at bits 22..24 is exactly that, 0.5
-//   landing on the subnormal 2^-127; the sign at bit 31). Six such patterns are the most a word holds;
-//   elements 8i+6 and 8i+7 take the eight bits left, (10, 11, 14, 26) and (27, 13, 29, 30), three shifts each.
-__device__ __forceinline__ u32 mx_place(u32 nib, int m, int e0, int e1, int sg) {
-    return ((nib & 1u) << m) | (((nib >> 1) & 1u) << e0) | (((nib >> 2) & 1u) << e1) | (((nib >> 3) & 1u) << sg);
-}
+// MXFP4 experts run on the tensor cores (mma.m16n8k16, f16 operands, f32 accumulation), in a device layout
+// and summation order of their own: results agree with the CPU to rounding (design.md: 1e-4 across backends).
+// - Weights: e2m1 values are exact in f16 as e2m1 · 2^-14 (the 0.5 code is the subnormal 2^-15), placed by
+//   a shift and a mask or two (mx_frag) straight from the stored word into an A fragment.
+// - x: staged times 2^k, k putting its largest |x| in [2^14, 2^15), and split into three f16 parts (hi, mid,
+//   lo: 33 significant bits, more than fp32's 24; parts below f16's range are 2^-39 of the largest |x|),
+//   which are three of the eight B columns: an f16 MMA then yields all three partial products at once.
+// - Each 32-weight block is two MMAs into a zeroed accumulator (its products exact, their sum rounded in
+//   f32), scaled once by 2^(s−127) · 2^(14−k) (powers of two: exact) and added with one fma; the three parts
+//   are summed at the end as (hi + mid) + lo.
+// Copied into VRAM, each tensor is rearranged by `mx_repack`: rows in groups of 32 (whole, checked at load);
+// block c of a group is 512 bytes at c · 512, lane L's 16 at L · 16, four words (tile 0 slice 0, tile 0 slice 1,
+// tile 1 slice 0, tile 1 slice 1: tiles are rows 0–15 and 16–31, slices are elements 0–15 and 16–31); the word
+// holds the eight weights of lane L's A fragment (PTX ISA, m16n8k16: row g = L / 4 and g + 8, elements 2t, 2t+1
+// and 2t+8, 2t+9, t = L % 4) at the bits mx_frag takes them from. The block's 32 scales are 32 bytes at c · 32,
+// byte 4g + j the scale of row g + 8j (j < 4): one 4-byte load a lane.
 
-// A block's words from the checkpoint's order (element j at bits 4(j % 8).. of word j / 8, the sign in the
-// nibble's top bit) to the device order above.
-__device__ __forceinline__ uint4 mx_permute(uint4 v) {
-    u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        u32 o = 0;
-        const int P[6] = {0, 3, 6, 16, 19, 22};
-#pragma unroll
-        for (int k = 0; k < 6; k++) o |= mx_place(w[j] >> (4 * k), P[k], P[k] + 1, P[k] + 2, P[k] + 9);
-        o |= mx_place(w[j] >> 24, 10, 11, 14, 26);
-        o |= mx_place(w[j] >> 28, 27, 13, 29, 30);
-        w[j] = o;
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
+// The four f16x2 registers of an A fragment from its stored word (every bit is used once): a mask, a shift
+// and a mask, and twice a mask, a multiply and a mask. The multiply adds two shifted copies of the masked bits,
+// one landing the magnitudes, the other the signs; no two of their bits meet, so nothing carries.
+__device__ __forceinline__ void mx_frag(u32 w, u32* a) {
+    a[0] = w & 0x8e008e00u;
+    a[1] = (w << 3) & 0x8e008e00u;
+    a[2] = ((w & 0x20382038u) * 68u) & 0x8e008e00u;
+    a[3] = ((w & 0x40074007u) * 514u) & 0x8e008e00u;
 }
 
 struct Parts { u64 off[6]; };
@@ -535,51 +593,176 @@ extern "C" __global__ void mx_repack(u8* rec, Parts parts, int width, int inter)
     int rows = down ? width : inter, nb = (down ? inter : width) / 32;
     int r0 = blockIdx.x * 32;
     if (r0 >= rows) return;
-    int ng = min(32, rows - r0), n = ng * nb;
+    int n = 32 * nb;
+    const u8* sb = (const u8*)sm;
     if (t % 2 == 0) {
         uint4* g = (uint4*)(rec + parts.off[t]) + (size_t)r0 * nb;
         for (int i = threadIdx.x; i < n; i += blockDim.x) sm[i] = g[i];
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) g[i] = mx_permute(sm[(i % ng) * nb + i / ng]);
+        u32* o = (u32*)g;
+        // Where each of a word's eight weights sits (mantissa, the two exponent bits, sign), in the fragment's
+        // order (register 0 low and high half, register 1 ...): where mx_frag takes it from.
+        const int bits[8][4] = {{9, 10, 11, 15}, {25, 26, 27, 31}, {6, 7, 8, 12}, {22, 23, 24, 28},
+                                {3, 4, 5, 13},   {19, 20, 21, 29}, {0, 1, 2, 14}, {16, 17, 18, 30}};
+        for (int i = threadIdx.x; i < 4 * n; i += blockDim.x) {
+            // Word i: block c, lane L = 4gg + tt, tile tau, slice h.
+            int c = i >> 7, lane = (i >> 2) & 31, tau = (i >> 1) & 1, h = i & 1, gg = lane >> 2, tt = lane & 3;
+            u32 w = 0;
+#pragma unroll
+            for (int f = 0; f < 8; f++) {
+                int row = 16 * tau + gg + 8 * ((f >> 1) & 1), k = 16 * h + 2 * tt + (f & 1) + 8 * (f >> 2);
+                u32 nib = (sb[(row * nb + c) * 16 + k / 2] >> (4 * (k & 1))) & 15u;
+                w |= ((nib & 1u) << bits[f][0]) | (((nib >> 1) & 1u) << bits[f][1]) |
+                     (((nib >> 2) & 1u) << bits[f][2]) | (((nib >> 3) & 1u) << bits[f][3]);
+            }
+            o[i] = w;
+        }
     } else {
         u8* g = rec + parts.off[t] + (size_t)r0 * nb;
-        u8* sb = (u8*)sm;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) sb[i] = g[i];
+        u8* sc = (u8*)sm;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) sc[i] = g[i];
         __syncthreads();
-        for (int i = threadIdx.x; i < n; i += blockDim.x) g[i] = sb[(i % ng) * nb + i / ng];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            int c = i >> 5, j = i & 31, row = (j >> 2) + 8 * (j & 3);
+            g[i] = sc[row * nb + c];
+        }
     }
 }
 
-// Element 8i + k of a device-layout word as f32 bits of e2m1 · 2^-126 (k a constant after unrolling).
-__device__ __forceinline__ float mx_weight(u32 w, int k) {
-    const int shift[6] = {22, 19, 16, 6, 3, 0};
-    u32 b;
-    if (k < 6)
-        b = (w << shift[k]) & 0x81c00000u;
-    else if (k == 6)
-        b = ((w << 12) & 0x00c00000u) | ((w << 10) & 0x01000000u) | ((w << 5) & 0x80000000u);
-    else
-        b = ((w >> 5) & 0x01400000u) | ((w << 10) & 0x00800000u) | ((w << 1) & 0x80000000u);
-    return __int_as_float((int)b);
+__device__ __forceinline__ u16 f16_rn(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float f16_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
 }
 
-// One MXFP4 block into acc: each word's eight products in an fma chain (four chains), summed
-// (c0 + c1) + (c2 + c3), then acc += partial · 2^(126−K) · 2^(s−127). x is staged times 2^K (see
-// stage_expert_x), so each product e2m1 · 2^-126 · x · 2^K = e2m1 · x · 2^(K−126) is exact inside its fma and
-// the powers of two scale exactly: only the sums round.
-__device__ __forceinline__ float mx_block(float acc, uint4 v, u32 s, const float* xb, float unscale) {
-    u32 p[4] = {v.x, v.y, v.z, v.w};
-    float part[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float4 a = ((const float4*)xb)[2 * i], b = ((const float4*)xb)[2 * i + 1];
-        float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        float c = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) c = fmaf(mx_weight(p[i], k), xv[k], c);
-        part[i] = c;
+// v as hi + mid + lo, each rounded to f16 from what the previous parts left (the differences are exact in
+// f32); an infinity or NaN stays in hi alone.
+__device__ __forceinline__ void split3(float v, u32* p, int shift) {
+    u16 a = f16_rn(v);
+    float r = v - f16_f32(a);
+    r = r == r ? r : 0.0f;
+    u16 b = f16_rn(r);
+    r -= f16_f32(b);
+    p[0] |= (u32)a << shift;
+    p[1] |= (u32)b << shift;
+    p[2] |= (u32)f16_rn(r) << shift;
+}
+
+// x (len floats, len % 32 == 0) into the MXFP4 kernels' staging area xs in shared memory: a table of the block
+// scales' factors (256 floats), then x as B fragments (6 bytes an element). Fragments: per 32-element block 192 bytes, lane L < 12
+// (part g = L / 4: hi, mid, lo; t = L % 4) reading its 16 at L · 16: elements 2t, 2t+1 | 2t+8, 2t+9 of slice 0,
+// then of slice 1, as f16 pairs, of x · 2^k, k = 141 − the largest exponent field of x, within [−113, 127] (so
+// 2^k and 2^(14−k) are normal floats). Table: entry s = 2^(14−k) · 2^(s−127), a block's factor for scale code s
+// (2^(14−k) undoes the staging's 2^k and the weights' 2^-14; code 0 is 2^-127, 255 NaN, as e8m0f says).
+__device__ void stage_mx_x(float* xs, const float* x, int len) {
+    __shared__ int emax;
+    __syncthreads();
+    if (threadIdx.x == 0) emax = 0;
+    __syncthreads();
+    int e = 0;
+    for (int i = threadIdx.x; i < len / 4; i += blockDim.x) {
+        float4 v = __ldg((const float4*)x + i);
+        e = max(e, max(max((__float_as_int(v.x) >> 23) & 255, (__float_as_int(v.y) >> 23) & 255),
+                       max((__float_as_int(v.z) >> 23) & 255, (__float_as_int(v.w) >> 23) & 255)));
     }
-    return fmaf(((part[0] + part[1]) + (part[2] + part[3])) * unscale, e8m0f(s), acc);
+    for (int h = 16; h >= 1; h >>= 1) e = max(e, __shfl_xor_sync(FULL, e, h));
+    if ((threadIdx.x & 31) == 0) atomicMax(&emax, e);  // a maximum: the same whatever the order
+    __syncthreads();
+    int k = max(-113, min(127, 141 - emax));
+    float up = __int_as_float((k + 127) << 23), unscale = __int_as_float((141 - k) << 23);
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) xs[s] = unscale * e8m0f(s);
+    u32* xf = (u32*)(xs + 256);
+    for (int i = threadIdx.x; i < len / 2; i += blockDim.x) {
+        float2 v = __ldg((const float2*)x + i);
+        u32 p[3] = {0, 0, 0};
+        split3(v.x * up, p, 0);
+        split3(v.y * up, p, 16);
+        int j = 2 * i, c = j >> 5, h = (j >> 4) & 1, q = j & 15;
+        u32* w = xf + 48 * c + 4 * ((q & 7) >> 1) + 2 * h + (q >> 3);
+#pragma unroll
+        for (int g = 0; g < 3; g++) w[16 * g] = p[g];
+    }
+    __syncthreads();
+}
+
+// d = a · b + c, m16n8k16, f16 operands, f32 accumulation.
+__device__ __forceinline__ void mma_f16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
+
+// One warp: rows r0 .. r0+31 of an MXFP4 matrix (`cols` columns, device layout; weights W, scales S) times x
+// over blocks [b0, b1), x staged by stage_mx_x in xs. The rows' results go to dst[0..32) (shared memory).
+// MX_AHEAD blocks are in flight: each register slot is refilled with the block MX_AHEAD ahead as soon as it has
+// been read (on the H200 four beat two and eight: 1.23–1.26 against 1.32 ms a token).
+#define MX_AHEAD 4
+__device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, int b1, const float* xs, float* dst) {
+    int lane = threadIdx.x & 31, g = lane >> 2;
+    int nb = cols / 32;
+    const uint4* wp = (const uint4*)(W + (size_t)r0 * (cols / 2)) + lane;
+    const u32* sp = (const u32*)(S + (size_t)r0 * nb) + g;
+    const uint4* xp = (const uint4*)(xs + 256) + lane;
+    uint4 buf[MX_AHEAD];
+    u32 sb[MX_AHEAD];
+#pragma unroll
+    for (int j = 0; j < MX_AHEAD; j++)
+        if (b0 + j < b1) {
+            buf[j] = ldg_w(wp + (size_t)(b0 + j) * 32);
+            sb[j] = __ldg(sp + (size_t)(b0 + j) * 8);
+        }
+    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int c = b0; c < b1; c += MX_AHEAD) {
+#pragma unroll
+        for (int j = 0; j < MX_AHEAD; j++) {
+            uint4 v = buf[j];
+            u32 s = sb[j];
+            if (c + MX_AHEAD + j < b1) {
+                buf[j] = ldg_w(wp + (size_t)(c + MX_AHEAD + j) * 32);
+                sb[j] = __ldg(sp + (size_t)(c + MX_AHEAD + j) * 8);
+            }
+            if (c + j < b1) {
+                // Lanes 12..31 hold the unused B columns: zeros.
+                uint4 xb = lane < 12 ? xp[12 * (c + j)] : make_uint4(0, 0, 0, 0);
+                u32 word[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int tau = 0; tau < 2; tau++) {
+                    float d[4];
+                    u32 a[4];
+                    mx_frag(word[2 * tau], a);
+                    mma_f16(d, a, xb.x, xb.y, zero);
+                    mx_frag(word[2 * tau + 1], a);
+                    mma_f16(d, a, xb.z, xb.w, d);
+                    float f0 = xs[(s >> (16 * tau)) & 255], f1 = xs[(s >> (16 * tau + 8)) & 255];
+                    acc[tau][0] = fmaf(d[0], f0, acc[tau][0]);
+                    acc[tau][1] = fmaf(d[1], f0, acc[tau][1]);
+                    acc[tau][2] = fmaf(d[2], f1, acc[tau][2]);
+                    acc[tau][3] = fmaf(d[3], f1, acc[tau][3]);
+                }
+            }
+        }
+    }
+    // Lane 4g holds hi and mid of rows g and g + 8 of each tile, lane 4g + 1 their lo.
+    float lo[2][2];
+#pragma unroll
+    for (int tau = 0; tau < 2; tau++) {
+        lo[tau][0] = __shfl_down_sync(FULL, acc[tau][0], 1);
+        lo[tau][1] = __shfl_down_sync(FULL, acc[tau][2], 1);
+    }
+    if ((lane & 3) == 0)
+#pragma unroll
+        for (int tau = 0; tau < 2; tau++) {
+            dst[16 * tau + g] = (acc[tau][0] + acc[tau][1]) + lo[tau][0];
+            dst[16 * tau + g + 8] = (acc[tau][2] + acc[tau][3]) + lo[tau][1];
+        }
 }
 
 // Eight BF16 weights (lanes 8q..8q+7 of their block) into the accumulators.
@@ -607,14 +790,6 @@ __device__ __forceinline__ float fold32(float* acc) {
     return acc[0] + acc[1];
 }
 
-// 16 bytes global → shared without passing through registers (cp.async), prefetching the 256-byte L2 line.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((u32)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_prev() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
 // Shared memory of one warp: two pieces (double buffering) of 32 rows × eight 16-byte chunks, each row padded to
 // nine chunks (conflict-free both for the copies and for a thread reading its own row).
 #define PIECE 8
@@ -622,12 +797,12 @@ __device__ __forceinline__ void cp_async_wait_prev() { asm volatile("cp.async.wa
 #define WARP_TILE (2 * 32 * PITCH)
 
 // Lane `lane` returns row (lane) · x over `cols` elements (a multiple of 32, maybe 0) of BF16 rows `stride`
-// elements long, starting at w + r·row_bytes, r < 32 (rows >= nrows repeat the last one), in the CPU's lane
+// elements long, starting at w + r·row_bytes, r < 32, in the CPU's lane
 // order within the range. The warp copies its rows in coalesced 128-byte pieces into shared memory (cp.async,
 // double-buffered: the next piece in flight while the current one is computed), from where each thread takes
 // its own row's 16-byte chunks (a quarter block). Rows 16-byte aligned; tile: WARP_TILE chunks of this warp's
 // shared memory; x in shared memory.
-__device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const float* x, uint4* tile) {
+__device__ float rows32_bf16(const u8* w, int cols, int stride, const float* x, uint4* tile) {
     int lane = threadIdx.x & 31;
     int chunks = cols / 8;
     size_t row_bytes = (size_t)stride * 2;
@@ -638,7 +813,7 @@ __device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const
     int sub = lane & 7, rb = lane >> 3;
     const u8* src[PIECE];
 #pragma unroll
-    for (int i = 0; i < PIECE; i++) src[i] = w + (size_t)min(rb + 4 * i, nrows - 1) * row_bytes + 16 * sub;
+    for (int i = 0; i < PIECE; i++) src[i] = w + (size_t)(rb + 4 * i) * row_bytes + 16 * sub;
 #pragma unroll
     for (int i = 0; i < PIECE; i++)
         if (sub < chunks) cp_async16(&tile[(rb + 4 * i) * PITCH + sub], src[i]);
@@ -651,7 +826,7 @@ __device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const
         for (int i = 0; i < PIECE; i++)
             if (c1 + sub < chunks) cp_async16(&nb[(rb + 4 * i) * PITCH + sub], src[i] + 16 * c1);
         cp_async_commit();
-        cp_async_wait_prev();
+        cp_async_wait<1>();
         __syncwarp();
         const uint4* cur = tile + k * 32 * PITCH + lane * PITCH;
 #pragma unroll
@@ -662,128 +837,81 @@ __device__ float rows32_bf16(const u8* w, int cols, int stride, int nrows, const
     return fold32(acc);
 }
 
-// Lane `lane` returns row r0 + lane · x over blocks [b0, b1) of an MXFP4 matrix of `rows` rows and `cols`
-// columns in the device layout (weights W, scales S; r0 a multiple of 32; lanes past the last row repeat it).
-// x is staged by stage_expert_x, whose return value is `unscale`. MX_AHEAD blocks are in flight: each register
-// slot is refilled with the block MX_AHEAD ahead as soon as it has been read. Four measured faster than eight
-// on the H200 (1.51–1.52 against 1.55–1.57 ms a token: 94 registers instead of 158, more warps an SM).
-#define MX_AHEAD 4
-__device__ float rows32_mx(const u8* W, const u8* S, int rows, int cols, int r0, int b0, int b1, const float* x,
-                           float unscale) {
-    int lane = threadIdx.x & 31;
-    int ng = min(32, rows - r0), rl = min(lane, ng - 1);
-    const uint4* wp = (const uint4*)(W + (size_t)r0 * (cols / 2)) + rl;
-    const u8* sp = S + (size_t)r0 * (cols / 32) + rl;
-    uint4 buf[MX_AHEAD];
-    u32 sb[MX_AHEAD];
-#pragma unroll
-    for (int j = 0; j < MX_AHEAD; j++)
-        if (b0 + j < b1) {
-            buf[j] = ldg_w(wp + (size_t)(b0 + j) * ng);
-            sb[j] = __ldg(sp + (size_t)(b0 + j) * ng);
-        }
-    float acc = 0.0f;
-    for (int c = b0; c < b1; c += MX_AHEAD) {
-#pragma unroll
-        for (int j = 0; j < MX_AHEAD; j++) {
-            uint4 v = buf[j];
-            u32 s = sb[j];
-            if (c + MX_AHEAD + j < b1) {
-                buf[j] = ldg_w(wp + (size_t)(c + MX_AHEAD + j) * ng);
-                sb[j] = __ldg(sp + (size_t)(c + MX_AHEAD + j) * ng);
-            }
-            if (c + j < b1) acc = mx_block(acc, v, s, x + 32 * (c + j), unscale);
-        }
-    }
-    return acc;
+// x into the staging area of the experts' kernels (stage_mx_x, or for BF16 x as it is).
+template <bool MX>
+__device__ __forceinline__ void stage_expert_x(void* xs, const float* x, int len) {
+    if (MX)
+        stage_mx_x((float*)xs, x, len);
+    else
+        stage_x((float*)xs, x, len);
 }
 
-// x for the MXFP4 experts: staged times 2^K, K = min(126, 252 − the largest exponent field of the row), at least
-// −1 (infinities and NaN stay what they are), so no |x|·2^K overflows and with |x| < 2 it is exactly 2^126;
-// returns 2^(126−K), the factor that undoes both 2^K and the placed weights' 2^-126 (powers of two: exact).
-// BF16 experts: x as it is, and 1.
+// One warp: rows r0 .. r0+31 of an expert matrix over blocks [b0, b1), into dst[0..32) (shared memory), x
+// staged by stage_expert_x in xs. MXFP4 (device layout): weights at w, scales at s; BF16: tile this warp's
+// shared-memory tile.
 template <bool MX>
-__device__ float stage_expert_x(float* xs, const float* x, int len) {
-    __shared__ int emax;
-    if (!MX) {
-        stage_x(xs, x, len);
-        return 1.0f;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) emax = 0;
-    __syncthreads();
-    int e = 0;
-    for (int i = threadIdx.x; i < len / 4; i += blockDim.x) {
-        float4 v = __ldg((const float4*)x + i);
-        ((float4*)xs)[i] = v;
-        e = max(e, max(max((__float_as_int(v.x) >> 23) & 255, (__float_as_int(v.y) >> 23) & 255),
-                       max((__float_as_int(v.z) >> 23) & 255, (__float_as_int(v.w) >> 23) & 255)));
-    }
-    for (int h = 16; h >= 1; h >>= 1) e = max(e, __shfl_xor_sync(FULL, e, h));
-    if ((threadIdx.x & 31) == 0) atomicMax(&emax, e);  // a maximum: the same whatever the order
-    __syncthreads();
-    int k = max(-1, min(126, 252 - emax));
-    float up = __int_as_float((k + 127) << 23);
-    for (int i = threadIdx.x; i < len; i += blockDim.x) xs[i] *= up;
-    __syncthreads();
-    return __int_as_float((253 - k) << 23);
+__device__ __forceinline__ void expert_rows(const u8* w, const u8* s, int cols, int r0, int b0, int b1,
+                                            const void* xs, uint4* tile, float* dst) {
+    if (MX)
+        rows32_mx(w, s, cols, r0, b0, b1, (const float*)xs, dst);
+    else
+        dst[threadIdx.x & 31] =
+            rows32_bf16(w + ((size_t)r0 * cols + 32 * b0) * 2, 32 * (b1 - b0), cols, (const float*)xs + 32 * b0, tile);
 }
 
 // Routed experts of one layer, a group of union entries at a time. For group entry u (blockIdx.y):
 // slots[u] = the record in VRAM; its rows are entries row_off[u] .. row_off[u+1] of rows[] (token rows).
 // MXFP4: parts = byte offsets of w1p w1s w2p w2s w3p w3s; BF16: of w1 w2 w3. One kernel per encoding, so each
-// gets the registers of its own arithmetic.
+// gets the registers of its own arithmetic. Both kernels have 128 threads, four warps; each warp takes 32 rows
+// over half of their blocks (half = blocks [0, nb/2) or [nb/2, nb)), and the halves meet through shared memory
+// and add as lo + hi, a fixed order (half-rows give each expert twice the warps, so the grid fills the GPU in
+// near-whole waves). Dynamic shared memory: (BF16: 4 warp tiles, then) the staged x.
+#define EXPERT_SMEM(MX) (MX ? 0 : 4 * WARP_TILE)
 
-// 128 threads: 32 intermediate rows. Warp (half, up), up = warp & 1: the up rows (w3) or the gate rows (w1);
-// half = warp >> 1: blocks [0, nb/2) or [nb/2, nb) of each row (nb = width / 32). The halves meet through
-// shared memory and add as lo + hi, a fixed order. Half-rows give each expert four warps per 32 rows, so the
-// grid fills the GPU in near-whole waves. Dynamic shared memory: (BF16: 4 warp tiles, then) x (width floats).
+// 32 intermediate rows a block: warp (half, up), up = warp & 1 the up rows (w3) or the gate rows (w1).
 template <bool MX>
 __device__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z, float* a, int width,
                           int inter, int act, Parts parts) {
     extern __shared__ uint4 dyn[];
-    float* xs = (float*)(dyn + (MX ? 0 : 4 * WARP_TILE));
+    void* xs = dyn + EXPERT_SMEM(MX);
     __shared__ float part[2][2][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1, half = warp >> 1;
     int r0 = blockIdx.x * 32;
     int u = blockIdx.y;
-    int nrows = min(32, inter - r0);
     int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
     const u8* w = rec + (up ? parts.off[MX ? 4 : 2] : parts.off[0]);
     const u8* sc = rec + (up ? parts.off[5] : parts.off[1]);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        float unscale = stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
-        part[up][half][lane] =
-            MX ? rows32_mx(w, sc, inter, width, r0, b0, b1, xs, unscale)
-               : rows32_bf16(w + ((size_t)r0 * width + 32 * b0) * 2, 32 * (b1 - b0), width, nrows, xs + 32 * b0,
-                             dyn + warp * WARP_TILE);
+        stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
+        expert_rows<MX>(w, sc, width, r0, b0, b1, xs, dyn + warp * WARP_TILE, part[up][half]);
         __syncthreads();
-        if (warp == 0 && lane < nrows)
+        if (warp == 0)
             a[(size_t)e * inter + r0 + lane] =
                 actf(act, part[0][0][lane] + part[0][1][lane], part[1][0][lane] + part[1][1][lane]);
     }
 }
 
-// 128 threads: 128 output rows. Dynamic shared memory: (BF16: 4 warp tiles, then) x (inter floats).
+// 64 output rows a block: warp (pair, half), pair = warp >> 1 the rows r0 + 32 · pair.
 template <bool MX>
 __device__ void expert_down(const u64* slots, const int* row_off, const float* a, float* y, int width, int inter,
                             Parts parts) {
     extern __shared__ uint4 dyn[];
-    float* xs = (float*)(dyn + (MX ? 0 : 4 * WARP_TILE));
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = blockIdx.x * 128 + warp * 32;
-    int u = blockIdx.y;
+    void* xs = dyn + EXPERT_SMEM(MX);
+    __shared__ float part[2][2][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = warp >> 1, half = warp & 1;
+    int r0 = blockIdx.x * 64 + 32 * pair;
     bool live = r0 < width;
-    r0 = min(r0, (width - 1) / 32 * 32);
-    int nrows = min(32, width - r0);
+    int u = blockIdx.y;
+    int nb = inter / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        float unscale = stage_expert_x<MX>(xs, a + (size_t)e * inter, inter);
-        float v = MX ? rows32_mx(rec + parts.off[2], rec + parts.off[3], width, inter, r0, 0, inter / 32, xs, unscale)
-                     : rows32_bf16(rec + parts.off[1] + (size_t)r0 * inter * 2, inter, inter, nrows, xs,
-                                   dyn + warp * WARP_TILE);
-        if (live && lane < nrows) y[(size_t)e * width + r0 + lane] = v;
+        stage_expert_x<MX>(xs, a + (size_t)e * inter, inter);
+        if (live)
+            expert_rows<MX>(rec + parts.off[MX ? 2 : 1], rec + parts.off[3], inter, r0, b0, b1, xs,
+                            dyn + warp * WARP_TILE, part[pair][half]);
+        __syncthreads();
+        if (live && half == 0) y[(size_t)e * width + r0 + lane] = part[pair][0][lane] + part[pair][1][lane];
     }
 }
 

@@ -974,13 +974,25 @@ impl CudaModel {
 
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize, mm: Mm) -> Result<()> {
         let (norm_w, eps) = mm.norm.unwrap_or((0, 0.0));
-        // A warp per row; shared memory: eight 4 KB pieces, then the x rows of a tile of four.
+        // A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
+        // ring of four 4 KB pieces, then the x rows of a tile (as many as fit, at most four).
+        let ring = 4 * 4 * 4096;
+        let tile = (self.gpu.smem_max.saturating_sub(ring) / (4 * w.cols)).min(4);
+        if tile == 0 {
+            bail!(
+                "a {}-column matrix needs {} bytes of shared memory per block on the GPU; this GPU offers {}: \
+                 run this model on the CPU",
+                w.cols,
+                ring + 4 * w.cols,
+                self.gpu.smem_max
+            );
+        }
         Launch::new(
             &self.gpu,
             "matmul_bf16",
-            (w.rows.div_ceil(8) as u32, 1),
-            256,
-            (8 * 4096 + 4 * n.min(4) * w.cols) as u32,
+            (w.rows.div_ceil(4) as u32, 1),
+            128,
+            (ring + 4 * n.min(tile) * w.cols) as u32,
         )
         .p(w.ptr())
         .p(x)
@@ -988,6 +1000,7 @@ impl CudaModel {
         .i(w.rows)
         .i(w.cols)
         .i(n)
+        .i(tile)
         .p(norm_w)
         .f(eps)
         .p(mm.add)
@@ -1006,7 +1019,18 @@ impl CudaModel {
             .go()
     }
 
-    fn mix(&self, anchors: u64, na: usize, cur: u64, w: &At, out: u64, n: usize) -> Result<()> {
+    /// AttnRes Mix of `cur` with the anchors into `out`; with `norm`, RMS-normalised by that weight (fused).
+    #[allow(clippy::too_many_arguments)]
+    fn mix(
+        &self,
+        anchors: u64,
+        na: usize,
+        cur: u64,
+        w: &At,
+        out: u64,
+        n: usize,
+        norm: Option<&At>,
+    ) -> Result<()> {
         let hd = self.cfg.hidden;
         Launch::new(&self.gpu, "attn_res_mix", (n as u32, 1), 256, 0)
             .p(anchors)
@@ -1017,6 +1041,7 @@ impl CudaModel {
             .i(n)
             .i(hd)
             .f(self.cfg.rms_norm_eps)
+            .p(norm.map_or(0, At::ptr))
             .go()
     }
 
@@ -1106,7 +1131,7 @@ impl CudaModel {
                         h
                     } else {
                         let x = a.f32s(n * hd)?;
-                        self.mix(anchors, na, h, res, x, n)?;
+                        self.mix(anchors, na, h, res, x, n, None)?;
                         x
                     };
                     na += restart as usize;
@@ -1128,8 +1153,8 @@ impl CudaModel {
                         out,
                     )?;
                     let m = a.f32s(n * hd)?;
-                    self.mix(anchors, na, h, layer.mlp_res.as_ref().expect("K3"), m, n)?;
-                    self.rms(m, layer.post_norm.ptr(), m, n, hd, eps)?;
+                    let res = layer.mlp_res.as_ref().expect("K3");
+                    self.mix(anchors, na, h, res, m, n, Some(&layer.post_norm))?;
                     self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
                 }
                 None => {
@@ -1157,7 +1182,7 @@ impl CudaModel {
         let f = match &self.out_res {
             Some(w) => {
                 let f = a.f32s(n * hd)?;
-                self.mix(anchors, na, h, w, f, n)?;
+                self.mix(anchors, na, h, w, f, n, None)?;
                 f
             }
             None => h,
@@ -1861,15 +1886,21 @@ impl CudaModel {
             ("expert_up_bf16", "expert_down_bf16", 1)
         };
         let g = g as u32;
-        // A thread per row: four per intermediate row (gate and up, each in two halves) in expert_up, one per
-        // output row in expert_down. Shared memory: for BF16 four warps' double-buffered tiles; then the x row.
-        let tiles = if lay.mxfp4 { 0 } else { 4 * 2 * 32 * 9 * 16 };
+        // Four warps a block, each on 32 rows over half of their blocks: 32 intermediate rows (gate and up) in
+        // expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps' double-buffered tiles
+        // and the x row (4 bytes an element); for MXFP4 the block scales' factors (256 floats) and the x row as
+        // the tensor cores' fragments (three f16 parts: 6 bytes an element).
+        let (tiles, xbytes) = if lay.mxfp4 {
+            (4 * 256, 6)
+        } else {
+            (4 * 2 * 32 * 9 * 16, 4)
+        };
         Launch::new(
             &self.gpu,
             up,
             (lay.inter.div_ceil(32) as u32, g),
             128,
-            (tiles + 4 * lay.width) as u32,
+            (tiles + xbytes * lay.width) as u32,
         )
         .p(slots)
         .p(row_off)
@@ -1884,9 +1915,9 @@ impl CudaModel {
         Launch::new(
             &self.gpu,
             down,
-            (lay.width.div_ceil(128) as u32, g),
+            (lay.width.div_ceil(64) as u32, g),
             128,
-            (tiles + 4 * lay.inter) as u32,
+            (tiles + xbytes * lay.inter) as u32,
         )
         .p(slots)
         .p(row_off)
