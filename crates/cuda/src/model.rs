@@ -3,7 +3,7 @@
 //! from the CPU-side expert store (by DMA from its page-locked slab).
 
 use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
-use crate::plan::{plan_spine, plan_waves, Ring, SlotCache};
+use crate::plan::{matmul_tile, plan_spine, plan_waves, Ring, SlotCache, MATMUL_RING_BYTES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
@@ -976,23 +976,21 @@ impl CudaModel {
         let (norm_w, eps) = mm.norm.unwrap_or((0, 0.0));
         // A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
         // ring of four 4 KB pieces, then the x rows of a tile (as many as fit, at most four).
-        let ring = 4 * 4 * 4096;
-        let tile = (self.gpu.smem_max.saturating_sub(ring) / (4 * w.cols)).min(4);
-        if tile == 0 {
+        let Some(tile) = matmul_tile(self.gpu.smem_max, w.cols) else {
             bail!(
                 "a {}-column matrix needs {} bytes of shared memory per block on the GPU; this GPU offers {}: \
                  run this model on the CPU",
                 w.cols,
-                ring + 4 * w.cols,
+                MATMUL_RING_BYTES + 4 * w.cols,
                 self.gpu.smem_max
             );
-        }
+        };
         Launch::new(
             &self.gpu,
             "matmul_bf16",
             (w.rows.div_ceil(4) as u32, 1),
             128,
-            (ring + 4 * n.min(tile) * w.cols) as u32,
+            (MATMUL_RING_BYTES + 4 * n.min(tile) * w.cols) as u32,
         )
         .p(w.ptr())
         .p(x)

@@ -1,6 +1,7 @@
 //! Host-side planning, free of any device: which spine layers stay in VRAM, which VRAM slot holds which
 //! expert (LRU among unpinned slots), how one layer's experts split into waves when the budget holds fewer
-//! slots than the layer needs, and the rotation of the pinned staging buffers.
+//! slots than the layer needs, the rotation of the pinned staging buffers, and how many x rows a spine
+//! matmul stages at once.
 
 use deltafin_models::spine::plan_resident;
 use std::collections::HashMap;
@@ -14,6 +15,16 @@ pub fn plan_spine(layer_bytes: &[u64], allowance: u64) -> Vec<bool> {
         return vec![true; layer_bytes.len()];
     }
     plan_resident(layer_bytes, allowance.saturating_sub(2 * largest))
+}
+
+/// Shared memory of a `matmul_bf16` block before its x rows: four warps, each a ring of four 4 KB pieces.
+pub const MATMUL_RING_BYTES: usize = 4 * 4 * 4096;
+
+/// How many x rows (at most four) a `matmul_bf16` block stages for a `cols`-column matrix within `smem_max`
+/// bytes of shared memory; `None` when not even one fits.
+pub fn matmul_tile(smem_max: usize, cols: usize) -> Option<usize> {
+    let tile = (smem_max.saturating_sub(MATMUL_RING_BYTES) / (4 * cols)).min(4);
+    (tile > 0).then_some(tile)
 }
 
 pub type Key = (usize, usize);
@@ -145,6 +156,19 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn matmul_tiles_shrink_to_what_shared_memory_holds() {
+        // An H200 block may opt in to 227 KB.
+        let h200 = 232_448;
+        assert_eq!(super::matmul_tile(h200, 512), Some(4));
+        assert_eq!(super::matmul_tile(h200, 7168), Some(4));
+        assert_eq!(super::matmul_tile(h200, 18_432), Some(2));
+        // K3's dense down-projection (33,792 columns): one row at a time.
+        assert_eq!(super::matmul_tile(h200, 33_792), Some(1));
+        assert_eq!(super::matmul_tile(h200, 60_000), None);
+        assert_eq!(super::matmul_tile(48 * 1024, 512), None);
+    }
+
     use super::*;
 
     #[test]
