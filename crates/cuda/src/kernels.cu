@@ -2,12 +2,12 @@
 // multiply followed by an add rounds twice, as in the CPU code; fmaf() is written where the CPU fuses).
 //
 // Every dot product but the routed MXFP4 experts' (on the tensor cores, in an order of their own: see
-// rows32_mx) follows the CPU kernels' fixed order (crates/kernels): element i of the 32-multiple prefix goes to lane i % 32 in increasing i with one fma,
-// then the lanes fold by the tree acc[k] += acc[k + h], h = 16, 8, 4, 2, 1; the tail follows in order. The
-// "lanes" are accumulators, not threads: a warp may hold them one per thread (spine matrices, norms,
-// attention), a row's four threads eight each (the gated MLP), or one thread all 32 (BF16 experts, as the CPU
-// does). Each (row, output) value is computed by its own threads in a fixed order whatever the batch, so
-// results do not depend on which other rows share a pass.
+// rows32_mx) follows the CPU kernels' fixed order (crates/kernels): element i of the 32-multiple prefix goes to
+// lane i % 32 in increasing i with one fma, then the lanes fold by the tree acc[k] += acc[k + h], h = 16, 8, 4,
+// 2, 1; the tail follows in order. The "lanes" are accumulators, not threads: a warp may hold them one per
+// thread (spine matrices, norms, attention), a row's four threads eight each (the gated MLP), or one thread all
+// 32 (BF16 experts, as the CPU does). Each (row, output) value is computed by its own threads in a fixed order
+// whatever the batch, so results do not depend on which other rows share a pass.
 
 typedef unsigned short u16;
 typedef unsigned char u8;
@@ -559,7 +559,7 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
 // MXFP4 experts run on the tensor cores (mma.m16n8k16, f16 operands, f32 accumulation), in a device layout
 // and summation order of their own: results agree with the CPU to rounding (design.md: 1e-4 across backends).
 // - Weights: e2m1 values are exact in f16 as e2m1 · 2^-14 (the 0.5 code is the subnormal 2^-15), placed by
-//   a shift and a mask or two (mx_frag) straight from the stored word into an A fragment.
+//   a mask, a shift or a multiply (mx_frag) straight from the stored word into an A fragment.
 // - x: staged times 2^k, k putting its largest |x| in [2^14, 2^15), and split into three f16 parts (hi, mid,
 //   lo: 33 significant bits, more than fp32's 24; parts below f16's range are 2^-39 of the largest |x|),
 //   which are three of the eight B columns: an f16 MMA then yields all three partial products at once.
@@ -654,11 +654,12 @@ __device__ __forceinline__ void split3(float v, u32* p, int shift) {
 }
 
 // x (len floats, len % 32 == 0) into the MXFP4 kernels' staging area xs in shared memory: a table of the block
-// scales' factors (256 floats), then x as B fragments (6 bytes an element). Fragments: per 32-element block 192 bytes, lane L < 12
-// (part g = L / 4: hi, mid, lo; t = L % 4) reading its 16 at L · 16: elements 2t, 2t+1 | 2t+8, 2t+9 of slice 0,
-// then of slice 1, as f16 pairs, of x · 2^k, k = 141 − the largest exponent field of x, within [−113, 127] (so
-// 2^k and 2^(14−k) are normal floats). Table: entry s = 2^(14−k) · 2^(s−127), a block's factor for scale code s
-// (2^(14−k) undoes the staging's 2^k and the weights' 2^-14; code 0 is 2^-127, 255 NaN, as e8m0f says).
+// scales' factors (256 floats), then x as B fragments (6 bytes an element). Fragments: per 32-element block
+// 192 bytes, lane L < 12 (part g = L / 4: hi, mid, lo; t = L % 4) reading its 16 at L · 16: elements 2t, 2t+1 |
+// 2t+8, 2t+9 of slice 0, then of slice 1, as f16 pairs, of x · 2^k, k = 141 − the largest exponent field of x,
+// within [−113, 127] (so 2^k and 2^(14−k) are normal floats). Table: entry s = 2^(14−k) · 2^(s−127), a block's
+// factor for scale code s (2^(14−k) undoes the staging's 2^k and the weights' 2^-14; code 0 is 2^-127, 255 NaN,
+// as e8m0f says).
 __device__ void stage_mx_x(float* xs, const float* x, int len) {
     __shared__ int emax;
     __syncthreads();
