@@ -63,7 +63,22 @@ pub fn availability() -> Result<usize> {
     Ok(n as usize)
 }
 
-/// One line per GPU (`cuda:N name (sm_XY), memory`), or why CUDA cannot be used here: what `doctor` reports.
+/// Whether the kernels run on a GPU of compute capability `sm`: they use the tensor cores' m16n8k16 MMA and
+/// cp.async, so Ampere (sm_80) and later.
+pub fn check_capability(name: &str, sm: (i32, i32)) -> Result<()> {
+    if sm.0 < 8 {
+        bail!(
+            "{name} (sm_{}{}) is older than the kernels support: --device cuda needs compute capability 8.0 \
+             (Ampere) or newer; run on the CPU instead",
+            sm.0,
+            sm.1
+        );
+    }
+    Ok(())
+}
+
+/// One line per GPU (`cuda:N name (sm_XY), memory`, and why it cannot be used if so), or why CUDA cannot be
+/// used here: what `doctor` reports.
 pub fn describe() -> Result<Vec<String>> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     (0..availability()?)
@@ -72,8 +87,12 @@ pub fn describe() -> Result<Vec<String>> {
             let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
             let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
             let (free, total) = ctx.mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+            let usable = match check_capability(&name, (major, minor)) {
+                Ok(()) => String::new(),
+                Err(e) => format!(" — not usable: {e}"),
+            };
             Ok(format!(
-                "cuda:{i} {name} (sm_{major}{minor}), {:.1} GiB, {:.1} GiB free",
+                "cuda:{i} {name} (sm_{major}{minor}), {:.1} GiB, {:.1} GiB free{usable}",
                 gib(total),
                 gib(free)
             ))
@@ -138,15 +157,7 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let sm = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        // The kernels use the tensor cores' m16n8k16 MMA and cp.async: Ampere (sm_80) and later.
-        if sm.0 < 8 {
-            bail!(
-                "{name} (sm_{}{}) is older than the kernels support: --device cuda needs compute capability 8.0 \
-                 (Ampere) or newer; run on the CPU instead",
-                sm.0,
-                sm.1
-            );
-        }
+        check_capability(&name, sm)?;
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
         let ptx = compile(Some(arch)).context("compiling the CUDA kernels")?;
         let module = ctx
@@ -484,4 +495,20 @@ pub fn par_copy(dst: &mut [u8], src: &[u8]) {
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))
         .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gpus_older_than_ampere_are_refused_with_the_reason() {
+        let e = super::check_capability("Tesla T4", (7, 5))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Tesla T4 (sm_75)") && e.contains("8.0 (Ampere)"),
+            "{e}"
+        );
+        assert!(super::check_capability("A100", (8, 0)).is_ok());
+        assert!(super::check_capability("H200", (9, 0)).is_ok());
+    }
 }
