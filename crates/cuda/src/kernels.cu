@@ -183,7 +183,7 @@ __device__ __forceinline__ void mm_piece(uint4* dst, const uint4* w, int p, int 
 // is staged, so their latency overlaps it), and lane j reads element 32b + j of each block b from there. The
 // tile's x rows are staged in shared memory first (read by every warp; from global memory each block would wait
 // on a miss). Dynamic shared memory: each warp's ring, then tile · cols floats. Prologue: with norm_w, each
-// staged x row is RMS-normalised in shared memory exactly as rms_norm_rows does it (the norm fused into its
+// staged x row is RMS-normalised in shared memory exactly as rms_row does it (the norm fused into its
 // consumer). Epilogue, as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or
 // y += v with `accumulate` (residual adds fused).
 template <int T>
@@ -301,27 +301,31 @@ extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float
     for (int i = threadIdx.x; i < hd; i += blockDim.x) out[(size_t)t * hd + i] = bf16f(row[i]);
 }
 
-// out = w ⊙ (x · 1/sqrt(dot(x,x)/d + eps)) per row of d; out may alias x. One block (>= 32 threads) a row.
-extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, int d, float eps) {
+// out = w ⊙ (x · 1/sqrt(dot(x,x)/d + eps)) for one row of d, by the whole block (warp 0 sums the squares; every
+// thread must call it); out may alias x.
+__device__ void rms_row(const float* x, const float* w, float* out, int d, float eps) {
     __shared__ float inv;
-    int t = blockIdx.x;
-    if (t >= n) return;
-    const float* xr = x + (size_t)t * d;
     if (threadIdx.x < 32) {
-        float ss = warp_dot(xr, xr, d, threadIdx.x);
+        float ss = warp_dot(x, x, d, threadIdx.x);
         if (threadIdx.x == 0) inv = inv_rms(ss, d, eps);
     }
     __syncthreads();
 #pragma unroll 4
-    for (int i = threadIdx.x; i < d; i += blockDim.x) out[(size_t)t * d + i] = w[i] * (xr[i] * inv);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = w[i] * (x[i] * inv);
+}
+
+// rms_row for each of n rows, one block (>= 32 threads) a row; out may alias x.
+extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, int d, float eps) {
+    int t = blockIdx.x;
+    if (t >= n) return;
+    rms_row(x + (size_t)t * d, w, out + (size_t)t * d, d, eps);
 }
 
 // AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur; α = softmax(inv_rms(v)·(v·w)).
-// With norm_w, the mixed row is then RMS-normalised in place exactly as rms_norm_rows does it (fused).
+// With norm_w, the mixed row is then RMS-normalised in place by rms_row (fused).
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
                                         int n, int hd, float eps, const float* norm_w) {
     __shared__ float alpha[16];
-    __shared__ float inv;
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
     int nv = na + 1;
@@ -354,15 +358,8 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
         out[(size_t)t * hd + d] = o;
     }
     if (!norm_w) return;
-    float* row = out + (size_t)t * hd;
     __syncthreads();
-    if (warp == 0) {
-        float ss = warp_dot(row, row, hd, lane);
-        if (lane == 0) inv = inv_rms(ss, hd, eps);
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) row[d] = norm_w[d] * (row[d] * inv);
+    rms_row(out + (size_t)t * hd, norm_w, out + (size_t)t * hd, hd, eps);
 }
 
 extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
@@ -594,7 +591,7 @@ extern "C" __global__ void mx_repack(u8* rec, Parts parts, int width, int inter)
     int r0 = blockIdx.x * 32;
     if (r0 >= rows) return;
     int n = 32 * nb;
-    const u8* sb = (const u8*)sm;
+    u8* sb = (u8*)sm;
     if (t % 2 == 0) {
         uint4* g = (uint4*)(rec + parts.off[t]) + (size_t)r0 * nb;
         for (int i = threadIdx.x; i < n; i += blockDim.x) sm[i] = g[i];
@@ -619,12 +616,11 @@ extern "C" __global__ void mx_repack(u8* rec, Parts parts, int width, int inter)
         }
     } else {
         u8* g = rec + parts.off[t] + (size_t)r0 * nb;
-        u8* sc = (u8*)sm;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) sc[i] = g[i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) sb[i] = g[i];
         __syncthreads();
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             int c = i >> 5, j = i & 31, row = (j >> 2) + 8 * (j & 3);
-            g[i] = sc[row * nb + c];
+            g[i] = sb[row * nb + c];
         }
     }
 }
