@@ -4,11 +4,10 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
-use cudarc::driver::{
-    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 /// The kernels' CUDA C source, compiled at run time for the GPU in hand.
@@ -139,6 +138,8 @@ pub struct Gpu {
     pub sm: (i32, i32),
     /// Shared memory a block may take (opted in).
     pub smem_max: usize,
+    /// Kernels on the compute stream are launched as programmatic dependents (Hopper and later).
+    pub pdl: bool,
 }
 
 impl Gpu {
@@ -201,6 +202,7 @@ impl Gpu {
             name,
             sm,
             smem_max: smem_max as usize,
+            pdl: sm.0 >= 9,
         })
     }
 
@@ -323,12 +325,6 @@ pub enum Arg {
     Parts([u64; 6]),
 }
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Parts(pub [u64; 6]);
-// SAFETY: a plain C struct of six u64, as the kernels declare it.
-unsafe impl cudarc::driver::DeviceRepr for Parts {}
-
 impl<'a> Launch<'a> {
     pub fn new(
         gpu: &'a Gpu,
@@ -373,38 +369,61 @@ impl<'a> Launch<'a> {
     }
     pub fn go(self) -> Result<()> {
         let f = self.gpu.func(self.name);
-        let parts: Vec<Parts> = self
-            .args
-            .iter()
-            .filter_map(|a| {
-                if let Arg::Parts(p) = a {
-                    Some(Parts(*p))
-                } else {
-                    None
-                }
-            })
-            .collect();
         let stream = if self.on_prep {
             &self.gpu.prep
         } else {
             &self.gpu.stream
         };
-        let mut b = stream.launch_builder(f);
-        let mut pi = 0;
-        for a in &self.args {
-            match a {
-                Arg::Ptr(v) => b.arg(v),
-                Arg::I(v) => b.arg(v),
-                Arg::F(v) => b.arg(v),
-                Arg::Parts(_) => {
-                    pi += 1;
-                    b.arg(&parts[pi - 1])
-                }
-            };
+        // The kernel's parameters: a pointer to each argument's value, as the kernel declares it (a Parts is
+        // six u64, laid out as the kernels' struct).
+        let mut params: Vec<*mut c_void> = self
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(v) => v as *const u64 as *mut c_void,
+                Arg::I(v) => v as *const i32 as *mut c_void,
+                Arg::F(v) => v as *const f32 as *mut c_void,
+                Arg::Parts(v) => v as *const [u64; 6] as *mut c_void,
+            })
+            .collect();
+        // Programmatic dependent launch on the compute stream (sm_90+): the kernel may start while the one
+        // before it finishes; each kernel waits (griddepcontrol.wait) before it touches anything but weights.
+        let mut pdl = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let (grid, block) = (self.cfg.grid_dim, self.cfg.block_dim);
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: self.cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut pdl,
+            numAttrs: (self.gpu.pdl && !self.on_prep) as u32,
+        };
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel), and
+        // `params` points into `self.args`, alive until the call returns (the driver copies the values).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         }
-        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel).
-        unsafe { b.launch(self.cfg) }.map_err(|e| anyhow!("launching {}: {e:?}", self.name))?;
-        Ok(())
+        .result()
+        .map_err(|e| anyhow!("launching {}: {e:?}", self.name))
     }
 }
 

@@ -23,6 +23,22 @@ __device__ __forceinline__ float e8m0f(u32 s) {
     return __int_as_float((int)(s << 23));
 }
 
+// Programmatic dependent launch (Launch requests it on sm_90 and later; elsewhere both are no-ops). Every kernel
+// launched so first lets the next kernel start (its blocks then sit in pdl_wait), may read constant weights, and
+// calls pdl_wait on every path before it touches anything another kernel writes or reads. The wait returns once
+// the previous kernel has finished and its writes are visible; since no kernel finishes before its own wait,
+// the chain keeps stream order, while each launch and weight prefetch overlaps the kernel before it.
+__device__ __forceinline__ void pdl_launch_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The lane tree; lane 0 ends with the sum.
 __device__ __forceinline__ float fold_lanes(float acc) {
     for (int h = 16; h >= 1; h >>= 1) acc += __shfl_down_sync(FULL, acc, h);
@@ -202,6 +218,7 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
         int nt = min(tile, n - t0);
 #pragma unroll
         for (int p = 0; p < MM_RING; p++) mm_piece(ring + 256 * p, w, p, chunks, lane);
+        pdl_wait();  // the first tile's weights are in flight; x and y belong to earlier kernels
         stage_x(xs, x + (size_t)t0 * cols, nt * cols);
         if (norm_w) {
             if (warp < nt) {
@@ -252,6 +269,7 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
 
 extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n, int tile,
                                        const float* norm_w, float eps, const float* add, int accumulate) {
+    pdl_launch_next();
     int warps = blockDim.x >> 5;
     prefetch_l2(W + (size_t)blockIdx.x * warps * cols, 2 * (size_t)min(warps, rows - (int)blockIdx.x * warps) * cols);
     if (n == 1)
@@ -283,11 +301,13 @@ __device__ __forceinline__ void mlp_rows(const u16* G, const u16* U, const float
 
 extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x, float* out, int rows, int cols,
                                       int n, int act) {
+    pdl_launch_next();
     {
         int r0 = blockIdx.x * (blockDim.x / 8), nr = min((int)blockDim.x / 8, rows - r0);
         prefetch_l2(G + (size_t)r0 * cols, 2 * (size_t)nr * cols);
         prefetch_l2(U + (size_t)r0 * cols, 2 * (size_t)nr * cols);
     }
+    pdl_wait();
     if (n == 1)
         mlp_rows<1>(G, U, x, out, rows, cols, n, act);
     else
@@ -295,6 +315,8 @@ extern "C" __global__ void mlp_up_act(const u16* G, const u16* U, const float* x
 }
 
 extern "C" __global__ void embed_rows(const u16* table, const u32* tokens, float* out, int n, int hd) {
+    pdl_launch_next();
+    pdl_wait();
     int t = blockIdx.x;
     if (t >= n) return;
     const u16* row = table + (size_t)tokens[t] * hd;
@@ -316,6 +338,8 @@ __device__ void rms_row(const float* x, const float* w, float* out, int d, float
 
 // rms_row for each of n rows, one block (>= 32 threads) a row; out may alias x.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out, int n, int d, float eps) {
+    pdl_launch_next();
+    pdl_wait();
     int t = blockIdx.x;
     if (t >= n) return;
     rms_row(x + (size_t)t * d, w, out + (size_t)t * d, d, eps);
@@ -325,6 +349,8 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
 // With norm_w, the mixed row is then RMS-normalised in place by rms_row (fused).
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
                                         int n, int hd, float eps, const float* norm_w) {
+    pdl_launch_next();
+    pdl_wait();
     __shared__ float alpha[16];
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
@@ -363,6 +389,8 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
 }
 
 extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
+    pdl_launch_next();
+    pdl_wait();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < len) y[i] *= sigmoidf_(g[i]);
 }
@@ -371,6 +399,8 @@ extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
 // raw = g[t][i] + dt_bias[i], h = i / dim. beta = sigmoid(beta) too.
 extern "C" __global__ void kda_gates(float* g, const float* dt_bias, const float* a_log, float* beta, int n, int w,
                                      int dim, int heads, int kind, float lower) {
+    pdl_launch_next();
+    pdl_wait();
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < n * w) {
         int i = idx % w, h = i / dim;
@@ -387,6 +417,8 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
                                           const float* gate, const float* conv_w, float* conv_state, float* S,
                                           const float* o_norm, float* out, int n, int heads, int dim, int kern,
                                           int norm_kind, float eps) {
+    pdl_launch_next();
+    pdl_wait();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
     float* ks = sh + dim;      // dim
@@ -475,6 +507,8 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
 // MLA: normalise each row's latent into the cache at position start + t and copy its k_pe.
 extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, int start,
                                       int n, int kvl, int rope, float eps) {
+    pdl_launch_next();
+    pdl_wait();
     __shared__ float inv;
     int t = blockIdx.x;
     const float* row = c + (size_t)t * (kvl + rope);
@@ -494,6 +528,8 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
 extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all,
                                       int ctx_cap, float* out, int n, int heads, int nope, int rope, int dv, int kvl,
                                       int start, float scale) {
+    pdl_launch_next();
+    pdl_wait();
     extern __shared__ float sh[];
     float* q_lat = sh;
     float* ctx = sh + kvl;
@@ -918,21 +954,31 @@ __device__ void expert_down(const u64* slots, const int* row_off, const float* a
 #define EXPERT_DOWN_ARGS \
     const u64 *slots, const int *row_off, const float *a, float *y, int width, int inter, Parts parts
 extern "C" __global__ void expert_up_mx(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
     expert_up<true>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_up_bf16(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
     expert_up<false>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_down_mx(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
     expert_down<true>(slots, row_off, a, y, width, inter, parts);
 }
 extern "C" __global__ void expert_down_bf16(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
     expert_down<false>(slots, row_off, a, y, width, inter, parts);
 }
 
 // acc[t] = Σ_k w[t][k] · y[entry[t][k]], k over the row's experts in ascending id order (the canonical order).
 extern "C" __global__ void moe_combine(const float* y, const int* entry, const float* wts, float* acc, int n, int topk,
                                        int width) {
+    pdl_launch_next();
+    pdl_wait();
     int t = blockIdx.x;
     int d = blockIdx.y * blockDim.x + threadIdx.x;
     if (d < width) {
@@ -956,6 +1002,8 @@ __device__ __forceinline__ int total_key(float f) {
 // null. Dynamic shared memory: 3 · e + topk words.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
                                      int* ids, float* wts, const u64* table, u64* slots) {
+    pdl_launch_next();
+    pdl_wait();
     extern __shared__ int rs[];
     int* key = rs;
     float* score = (float*)(rs + e);
