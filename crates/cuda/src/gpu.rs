@@ -20,8 +20,6 @@ pub const KERNEL_NAMES: &[&str] = &[
     "embed_rows",
     "rms_norm_rows",
     "attn_res_mix",
-    "mul_sigmoid",
-    "kda_gates",
     "kda_recurrence",
     "mla_append",
     "mla_attend",

@@ -388,35 +388,15 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
     rms_row(out + (size_t)t * hd, norm_w, out + (size_t)t * hd, hd, eps);
 }
 
-extern "C" __global__ void mul_sigmoid(float* y, const float* g, int len) {
-    pdl_launch_next();
-    pdl_wait();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < len) y[i] *= sigmoidf_(g[i]);
-}
-
-// KDA decay: g[t][i] = lower·sigmoid(exp(A_log[h])·raw) (kind 0) or −exp(A_log[h])·softplus(raw) (kind 1),
-// raw = g[t][i] + dt_bias[i], h = i / dim. beta = sigmoid(beta) too.
-extern "C" __global__ void kda_gates(float* g, const float* dt_bias, const float* a_log, float* beta, int n, int w,
-                                     int dim, int heads, int kind, float lower) {
-    pdl_launch_next();
-    pdl_wait();
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < n * w) {
-        int i = idx % w, h = i / dim;
-        float raw = g[idx] + dt_bias[i];
-        g[idx] = kind == 0 ? lower * sigmoidf_(expf(a_log[h]) * raw) : -expf(a_log[h]) * softplusf_(raw);
-    }
-    if (idx < n * heads) beta[idx] = sigmoidf_(beta[idx]);
-}
-
 // The KDA recurrence over n rows in order, one block per head, one thread per channel (blockDim == dim).
 // q, k, v: [n][w] projections (overwritten by their conv+SiLU values); conv: 3 windows [w][kern-1];
-// S: [heads][dim][dim]; gate: [n][w] pre-sigmoid output gate; out: [n][w].
+// S: [heads][dim][dim]; g, beta: [n][w], [n][heads] raw decay and write strength; gate: [n][w] pre-sigmoid
+// output gate; out: [n][w]. kind 0 (K3) or 1 (Kimi Linear) picks the decay and the q/k normalisation.
 extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const float* g, const float* beta,
-                                          const float* gate, const float* conv_w, float* conv_state, float* S,
+                                          const float* gate, const float* dt_bias, const float* a_log,
+                                          float lower, const float* conv_w, float* conv_state, float* S,
                                           const float* o_norm, float* out, int n, int heads, int dim, int kern,
-                                          int norm_kind, float eps) {
+                                          int kind, float eps) {
     pdl_launch_next();
     pdl_wait();
     extern __shared__ float sh[];
@@ -446,14 +426,18 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         }
         qs[j] = proj[0][c];
         ks[j] = proj[1][c];
-        ds[j] = expf(g[(size_t)t * w + c]);
+        // 5. decay: lower·sigmoid(exp(A_log[h])·raw) (kind 0) or −exp(A_log[h])·softplus(raw) (kind 1),
+        // raw = g + dt_bias.
+        float raw = g[(size_t)t * w + c] + dt_bias[c];
+        float gt = kind == 0 ? lower * sigmoidf_(expf(a_log[h]) * raw) : -expf(a_log[h]) * softplusf_(raw);
+        ds[j] = expf(gt);
         __syncthreads();
         // 3. per-head L2 normalisation (sum of squares left to right, like the CPU).
         if (j < 2) {
             float* x = j == 0 ? qs : ks;
             float ss = 0.0f;
             for (int i = 0; i < dim; i++) ss += x[i] * x[i];
-            float nrm = norm_kind == 0 ? fmaxf(sqrtf(ss), 1e-12f) : sqrtf(ss + 1e-6f);
+            float nrm = kind == 0 ? fmaxf(sqrtf(ss), 1e-12f) : sqrtf(ss + 1e-6f);
             red[j] = (j == 0 ? scale : 1.0f) / nrm;
         }
         __syncthreads();
@@ -476,7 +460,7 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
                 d -= s * ks[i0 + u];
             }
         }
-        float bt = beta[(size_t)t * heads + h];
+        float bt = sigmoidf_(beta[(size_t)t * heads + h]);  // 4. β
         float o = 0.0f;
         for (int i0 = 0; i0 < dim; i0 += 32) {
             float sv[32];
@@ -523,11 +507,12 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
 }
 
 // Absorbed MLA for one (row t, head): q_lat = W_UKᵀ q_nope; p_s = softmax((q_lat·lat_s + q_pe·pe_s)·scale) over
-// s ≤ start + t; ctx = Σ p_s lat_s; out = W_UV ctx. kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap],
-// shared: q_lat and ctx (2·kvl floats).
+// s ≤ start + t; ctx = Σ p_s lat_s; out = W_UV ctx, times sigmoid(gate) where the layer has an output gate
+// ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap], shared: q_lat and
+// ctx (2·kvl floats).
 extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all,
-                                      int ctx_cap, float* out, int n, int heads, int nope, int rope, int dv, int kvl,
-                                      int start, float scale) {
+                                      int ctx_cap, const float* gate, float* out, int n, int heads, int nope, int rope,
+                                      int dv, int kvl, int start, float scale) {
     pdl_launch_next();
     pdl_wait();
     extern __shared__ float sh[];
@@ -581,7 +566,8 @@ extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const flo
     __syncthreads();
     for (int i = warp; i < dv; i += warps) {
         float acc = warp_dot_bf16(kv_b + (base + nope + i) * kvl, ctx, kvl, lane);
-        if (lane == 0) out[(size_t)t * heads * dv + (size_t)hd * dv + i] = acc;
+        size_t o = (size_t)t * heads * dv + (size_t)hd * dv + i;
+        if (lane == 0) out[o] = gate ? acc * sigmoidf_(gate[o]) : acc;
     }
 }
 

@@ -1285,24 +1285,6 @@ impl CudaModel {
         )?;
         let (q, kk, v, fa, gate_in, beta) = (y[0], y[1], y[2], y[3], y[4], y[5]);
         let g = self.mm(a, &k.f_b, fa, n)?;
-        Launch::new(
-            &self.gpu,
-            "kda_gates",
-            ((n * w).div_ceil(256) as u32, 1),
-            256,
-            0,
-        )
-        .p(g)
-        .p(k.dt_bias.ptr())
-        .p(k.a_log.ptr())
-        .p(beta)
-        .i(n)
-        .i(w)
-        .i(dim)
-        .i(heads)
-        .i(k.kind)
-        .f(-5.0)
-        .go()?;
         let gate = match &k.gate {
             OutGate::Full(_) => gate_in,
             OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
@@ -1321,6 +1303,9 @@ impl CudaModel {
         .p(g)
         .p(beta)
         .p(gate)
+        .p(k.dt_bias.ptr())
+        .p(k.a_log.ptr())
+        .f(-5.0) // K3's lower bound of the decay (kind 0)
         .p(k.conv.ptr())
         .p(conv_state)
         .p(s)
@@ -1391,6 +1376,7 @@ impl CudaModel {
         .p(pe)
         .p(p)
         .i(ctx)
+        .p(m.gate.as_ref().map_or(0, |_| y[2]))
         .p(attn)
         .i(n)
         .i(m.heads)
@@ -1401,21 +1387,6 @@ impl CudaModel {
         .i(pos)
         .f(scale)
         .go()?;
-        if m.gate.is_some() {
-            let gv = y[2];
-            let len = n * m.heads * m.dv;
-            Launch::new(
-                &self.gpu,
-                "mul_sigmoid",
-                (len.div_ceil(256) as u32, 1),
-                256,
-                0,
-            )
-            .p(attn)
-            .p(gv)
-            .i(len)
-            .go()?;
-        }
         Ok(attn)
     }
 
