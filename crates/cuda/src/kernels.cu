@@ -887,7 +887,8 @@ __device__ __forceinline__ void expert_rows(const u8* w, const u8* s, int cols, 
 // near-whole waves). Dynamic shared memory: (BF16: 4 warp tiles, then) the staged x.
 #define EXPERT_SMEM(MX) (MX ? 0 : 4 * WARP_TILE)
 
-// 32 intermediate rows a block: warp (half, up), up = warp & 1 the up rows (w3) or the gate rows (w1).
+// 64 intermediate rows a block, two groups of 32 in turn over one staging of x (16 K3 experts are then one wave
+// of blocks on the H200, not 1.9): warp (half, up), up = warp & 1 the up rows (w3) or the gate rows (w1).
 template <bool MX>
 __device__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z, float* a, int width,
                           int inter, int act, Parts parts) {
@@ -895,19 +896,22 @@ __device__ void expert_up(const u64* slots, const int* row_off, const int* rows,
     void* xs = dyn + EXPERT_SMEM(MX);
     __shared__ float part[2][2][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1, half = warp >> 1;
-    int r0 = blockIdx.x * 32;
     int u = blockIdx.y;
     int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
     const u8* w = rec + (up ? parts.off[MX ? 4 : 2] : parts.off[0]);
     const u8* sc = rec + (up ? parts.off[5] : parts.off[1]);
+    int end = min((int)blockIdx.x * 64 + 64, inter);
     for (int e = row_off[u]; e < row_off[u + 1]; e++) {
         stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
-        expert_rows<MX>(w, sc, width, r0, b0, b1, xs, dyn + warp * WARP_TILE, part[up][half]);
-        __syncthreads();
-        if (warp == 0)
-            a[(size_t)e * inter + r0 + lane] =
-                actf(act, part[0][0][lane] + part[0][1][lane], part[1][0][lane] + part[1][1][lane]);
+        for (int r0 = blockIdx.x * 64; r0 < end; r0 += 32) {
+            expert_rows<MX>(w, sc, width, r0, b0, b1, xs, dyn + warp * WARP_TILE, part[up][half]);
+            __syncthreads();
+            if (warp == 0)
+                a[(size_t)e * inter + r0 + lane] =
+                    actf(act, part[0][0][lane] + part[0][1][lane], part[1][0][lane] + part[1][1][lane]);
+            __syncthreads();  // part is read before the next group writes it
+        }
     }
 }
 

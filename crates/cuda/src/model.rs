@@ -1855,8 +1855,8 @@ impl CudaModel {
             ("expert_up_bf16", "expert_down_bf16", 1)
         };
         let g = g as u32;
-        // Four warps a block, each on 32 rows over half of their blocks: 32 intermediate rows (gate and up) in
-        // expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps' double-buffered tiles
+        // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
+        // groups in turn) in expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps' double-buffered tiles
         // and the x row (4 bytes an element); for MXFP4 the block scales' factors (256 floats) and the x row as
         // the tensor cores' fragments (three f16 parts: 6 bytes an element).
         let (tiles, xbytes) = if lay.mxfp4 {
@@ -1867,7 +1867,7 @@ impl CudaModel {
         Launch::new(
             &self.gpu,
             up,
-            (lay.inter.div_ceil(32) as u32, g),
+            (lay.inter.div_ceil(64) as u32, g),
             128,
             (tiles + xbytes * lay.width) as u32,
         )
