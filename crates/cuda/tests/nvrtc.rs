@@ -28,6 +28,49 @@ fn every_kernel_compiles_through_nvrtc() {
     }
 }
 
+/// On sm_90 and later the compute stream's kernels are programmatic dependent launches: one that never waited
+/// (`griddepcontrol.wait`) could run ahead of the kernel before it and read its inputs half written. Every
+/// kernel but those of the prep stream (never launched as dependents) must wait; on sm_80 the waits compile away.
+#[test]
+fn every_dependent_kernel_waits_for_the_one_before() {
+    // SAFETY: only tries to dlopen the library.
+    assert!(
+        unsafe { cudarc::nvrtc::sys::is_culib_present() },
+        "libnvrtc is not on the library path: run ./test.sh"
+    );
+    const PREP_STREAM: &[&str] = &["mx_repack"];
+    let entries = |arch| {
+        let text = compile(Some(arch))
+            .unwrap_or_else(|e| panic!("{arch}: {e:#}"))
+            .to_src();
+        KERNEL_NAMES
+            .iter()
+            .map(|k| {
+                let start = text
+                    .find(&format!(".entry {k}("))
+                    .unwrap_or_else(|| panic!("{arch}: kernel {k} missing"));
+                let body = &text[start..];
+                let end = body[1..].find(".entry ").map_or(body.len(), |e| e + 1);
+                (*k, body[..end].contains("griddepcontrol.wait"))
+            })
+            .collect::<Vec<_>>()
+    };
+    for (k, waits) in entries("compute_90") {
+        assert_eq!(
+            waits,
+            !PREP_STREAM.contains(&k),
+            "compute_90: kernel {k} {} griddepcontrol.wait",
+            if waits { "has" } else { "lacks" }
+        );
+    }
+    for (k, waits) in entries("compute_80") {
+        assert!(
+            !waits,
+            "compute_80: kernel {k} uses griddepcontrol (sm_90 only)"
+        );
+    }
+}
+
 #[test]
 fn without_a_driver_cuda_is_refused_with_the_reason() {
     // SAFETY: only tries to dlopen the library.
