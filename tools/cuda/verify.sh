@@ -9,15 +9,7 @@ W=/tmp/deltafin-cuda-verify; mkdir -p "$W" "$OUT"
 REPORT=$OUT/report.txt
 log() { echo "$@" | tee -a "$REPORT"; }
 
-# The CUDA libraries: the driver's libcuda and NVRTC (toolkit first, then any pip wheel).
-for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
-  [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-if ! ls ${LD_LIBRARY_PATH//:/ } 2>/dev/null | grep -q libnvrtc.so; then
-  n=$(find / -name 'libnvrtc.so.1[23]' -not -path '/proc/*' 2>/dev/null | head -1)
-  [ -n "$n" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$n")"
-fi
-export LD_LIBRARY_PATH
+source "$(dirname "$0")/libs.sh"
 log "== environment"; log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$REPORT"
 ldd "$BIN" 2>&1 | tee -a "$REPORT"
