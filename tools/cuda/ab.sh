@@ -6,10 +6,9 @@
 # Usage: tools/cuda/ab.sh OUTDIR REPS BINARY...
 set -uo pipefail
 OUT=$1; REPS=$2; shift 2
-source "$(dirname "$0")/libs.sh"
-W=/tmp/deltafin-cuda-verify; mkdir -p "$W" "$OUT"
-b=$W/kimi_k3-bench
-[ -f "$b/config.json" ] || "$1" make-model --arch kimi_k3 --preset bench --seed 0 --out "$b" >/dev/null
+source "$(dirname "$0")/env.sh"
+mkdir -p "$OUT"
+b=$(checkpoint "$1" kimi_k3 bench)
 RUNS=$OUT/ab.txt; : >"$RUNS"
 for _ in $(seq "$REPS"); do
   for bin in "$@"; do

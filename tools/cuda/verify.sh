@@ -5,11 +5,11 @@
 # Usage: tools/cuda/verify.sh BINARY OUTDIR [correctness|bench|all]
 set -uo pipefail
 BIN=$(realpath "$1"); OUT=$2; MODE=${3:-all}
-W=/tmp/deltafin-cuda-verify; mkdir -p "$W" "$OUT"
+mkdir -p "$OUT"
 REPORT=$OUT/report.txt
 log() { echo "$@" | tee -a "$REPORT"; }
 
-source "$(dirname "$0")/libs.sh"
+source "$(dirname "$0")/env.sh"
 log "== environment"; log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$REPORT"
 ldd "$BIN" 2>&1 | tee -a "$REPORT"
@@ -22,8 +22,7 @@ fail=0
 if [ "$MODE" != bench ]; then
   log "== correctness: CPU vs CUDA logits (prompt 12 tokens, 8 greedy decode steps)"
   for arch in kimi_k3 kimi_linear; do for preset in tiny small; do
-    m=$W/$arch-$preset
-    [ -f "$m/config.json" ] || "$BIN" make-model --arch $arch --preset $preset --seed 0 --out "$m" >/dev/null
+    m=$(checkpoint "$BIN" $arch $preset)
     "$BIN" run --model "$m" --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$arch-$preset-cpu.npy" >"$W/cpu.txt" 2>"$W/cpu.err"
     t0=$(date +%s.%N)
     "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$arch-$preset-gpu.npy" >"$W/gpu.txt" 2>"$W/gpu.err"
@@ -85,18 +84,16 @@ if [ "$MODE" != correctness ]; then
     grep -E "^\[(cuda|probe|stats)\]" "$W/b.err" | tee -a "$REPORT"
     grep -iE "^error" "$W/b.err" | tee -a "$REPORT"
   }
-  m=$W/kimi_k3-small
-  [ -f "$m/config.json" ] || "$BIN" make-model --arch kimi_k3 --preset small --seed 0 --out "$m" >/dev/null
+  m=$(checkpoint "$BIN" kimi_k3 small)
   bench "K3 small, CPU" "$m" --expert-cache 1G --stats
   bench "K3 small, CUDA, experts resident" "$m" --device cuda --expert-cache 1G --probe-bandwidth
   bench "K3 small, CUDA, 8 MiB expert VRAM (streaming from RAM)" "$m" --device cuda --expert-cache 1G --expert-vram 8M
   # The 10 GB bench preset only when time is left (device time is scarce): make-model ~1 min, 2 runs.
   if { [ "$MODE" = all ] || [ "$MODE" = bench ]; } && [ "$SECONDS" -lt "${BENCH_DEADLINE:-90}" ]; then
-    b=$W/kimi_k3-bench
+    t0=$(date +%s); b=$(checkpoint "$BIN" kimi_k3 bench)
     if [ ! -f "$b/config.json" ]; then
-      t0=$(date +%s); timeout 70 "$BIN" make-model --arch kimi_k3 --preset bench --seed 0 --out "$b" >/dev/null 2>&1; log "make-model bench: rc $? in $(( $(date +%s) - t0 )) s"
-    fi
-    if [ -f "$b/config.json" ]; then
+      log "make-model bench: not made in $(( $(date +%s) - t0 )) s"
+    else
       bench "K3 bench (17.5 MB records), CUDA, resident" "$b" --device cuda --expert-cache 12G --probe-bandwidth
       bench "K3 bench, CUDA, 1 GiB expert VRAM (streaming from RAM)" "$b" --device cuda --expert-cache 12G --expert-vram 1G --probe-bandwidth
     fi
