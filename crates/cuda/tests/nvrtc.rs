@@ -2,18 +2,33 @@
 //! for CUDA where there is no driver fails with a message that says why.
 
 use deltafin_cuda::gpu::{compile, KERNEL_NAMES};
+use std::sync::OnceLock;
+
+/// The kernels' PTX for `arch` ("compute_80" or "compute_90"), compiled once for all the tests.
+fn ptx(arch: &'static str) -> &'static str {
+    static PTX: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
+    let slot = match arch {
+        "compute_80" => &PTX[0],
+        "compute_90" => &PTX[1],
+        _ => unreachable!("the tests compile for compute_80 and compute_90"),
+    };
+    slot.get_or_init(|| {
+        // SAFETY: only tries to dlopen the library.
+        assert!(
+            unsafe { cudarc::nvrtc::sys::is_culib_present() },
+            "libnvrtc.so.13 (or .12) is not on the library path: run ./test.sh, which installs it from PyPI \
+             (nvidia-cuda-nvrtc) and adds it to LD_LIBRARY_PATH"
+        );
+        compile(Some(arch))
+            .unwrap_or_else(|e| panic!("{arch}: {e:#}"))
+            .to_src()
+    })
+}
 
 #[test]
 fn every_kernel_compiles_through_nvrtc() {
-    // SAFETY: only tries to dlopen the library.
-    assert!(
-        unsafe { cudarc::nvrtc::sys::is_culib_present() },
-        "libnvrtc.so.13 (or .12) is not on the library path: run ./test.sh, which installs it from PyPI \
-         (nvidia-cuda-nvrtc) and adds it to LD_LIBRARY_PATH"
-    );
     for arch in ["compute_80", "compute_90"] {
-        let ptx = compile(Some(arch)).unwrap_or_else(|e| panic!("{arch}: {e:#}"));
-        let text = ptx.to_src();
+        let text = ptx(arch);
         for k in KERNEL_NAMES {
             assert!(
                 text.contains(&format!(".entry {k}(")),
@@ -33,16 +48,9 @@ fn every_kernel_compiles_through_nvrtc() {
 /// kernel but those of the prep stream (never launched as dependents) must wait; on sm_80 the waits compile away.
 #[test]
 fn every_dependent_kernel_waits_for_the_one_before() {
-    // SAFETY: only tries to dlopen the library.
-    assert!(
-        unsafe { cudarc::nvrtc::sys::is_culib_present() },
-        "libnvrtc is not on the library path: run ./test.sh"
-    );
     const PREP_STREAM: &[&str] = &["mx_repack"];
     let entries = |arch| {
-        let text = compile(Some(arch))
-            .unwrap_or_else(|e| panic!("{arch}: {e:#}"))
-            .to_src();
+        let text = ptx(arch);
         KERNEL_NAMES
             .iter()
             .map(|k| {
