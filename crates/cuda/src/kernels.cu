@@ -883,8 +883,8 @@ __device__ __forceinline__ void expert_rows(const u8* w, const u8* s, int cols, 
 // MXFP4: parts = byte offsets of w1p w1s w2p w2s w3p w3s; BF16: of w1 w2 w3. One kernel per encoding, so each
 // gets the registers of its own arithmetic. Both kernels have 128 threads, four warps; each warp takes 32 rows
 // over half of their blocks (half = blocks [0, nb/2) or [nb/2, nb)), and the halves meet through shared memory
-// and add as lo + hi, a fixed order (half-rows give each expert twice the warps, so the grid fills the GPU in
-// near-whole waves). Dynamic shared memory: (BF16: 4 warp tiles, then) the staged x.
+// and add as lo + hi, a fixed order (half-rows give each expert twice the warps; how many rows a block takes
+// sets how the grid fills the GPU in waves). Dynamic shared memory: (BF16: 4 warp tiles, then) the staged x.
 #define EXPERT_SMEM(MX) (MX ? 0 : 4 * WARP_TILE)
 
 // 64 intermediate rows a block, two groups of 32 in turn over one staging of x (16 K3 experts are then one wave

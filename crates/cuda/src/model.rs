@@ -1856,9 +1856,9 @@ impl CudaModel {
         };
         let g = g as u32;
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
-        // groups in turn) in expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps' double-buffered tiles
-        // and the x row (4 bytes an element); for MXFP4 the block scales' factors (256 floats) and the x row as
-        // the tensor cores' fragments (three f16 parts: 6 bytes an element).
+        // groups in turn) in expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps'
+        // double-buffered tiles and the x row (4 bytes an element); for MXFP4 the block scales' factors (256
+        // floats) and the x row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
         let (tiles, xbytes) = if lay.mxfp4 {
             (4 * 256, 6)
         } else {
