@@ -74,12 +74,33 @@ __device__ __forceinline__ float actf(int act, float g, float u) {
 __device__ float warp_dot(const float* a, const float* b, int len, int lane) {
     int body = len / 32 * 32;
     float acc = 0.0f;
-#pragma unroll 8
+#pragma unroll 16
     for (int i = lane; i < body; i += 32) acc = fmaf(a[i], b[i], acc);
     acc = fold_lanes(acc);
     if (lane == 0)
         for (int i = body; i < len; i++) acc = fmaf(a[i], b[i], acc);
     return acc;
+}
+
+// warp_dot(a, b) and warp_dot(a, c) in one pass over a (each in the fixed order); results valid in lane 0.
+__device__ void warp_dot2(const float* a, const float* b, const float* c, int len, int lane, float& ab, float& ac) {
+    int body = len / 32 * 32;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 16
+    for (int i = lane; i < body; i += 32) {
+        float v = a[i];
+        s0 = fmaf(v, b[i], s0);
+        s1 = fmaf(v, c[i], s1);
+    }
+    s0 = fold_lanes(s0);
+    s1 = fold_lanes(s1);
+    if (lane == 0)
+        for (int i = body; i < len; i++) {
+            s0 = fmaf(a[i], b[i], s0);
+            s1 = fmaf(a[i], c[i], s1);
+        }
+    ab = s0;
+    ac = s1;
 }
 
 // Dot of BF16 row w (cols % 32 == 0, 4-byte aligned) with x, one warp; result valid in lane 0.
@@ -345,20 +366,25 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
     rms_row(x + (size_t)t * d, w, out + (size_t)t * d, d, eps);
 }
 
-// AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur; α = softmax(inv_rms(v)·(v·w)).
-// With norm_w, the mixed row is then RMS-normalised in place by rms_row (fused).
+// AttnRes Mix for each row: values are na anchors ([na][n][hd]) then cur, at most MIX_VALUES (the host checks);
+// α = softmax(inv_rms(v)·(v·w)). With norm_w, the mixed row is then RMS-normalised in place by rms_row (fused).
+// At one row the kernel is a chain of dependent loads: a value's two dots share one pass over it, and the
+// weights are fetched into L2 before the wait.
+#define MIX_VALUES 16
 extern "C" __global__ void attn_res_mix(const float* anchors, int na, const float* cur, const float* w, float* out,
                                         int n, int hd, float eps, const float* norm_w) {
     pdl_launch_next();
+    prefetch_l2(w, 4 * (size_t)hd);
+    if (norm_w) prefetch_l2(norm_w, 4 * (size_t)hd);
     pdl_wait();
-    __shared__ float alpha[16];
+    __shared__ float alpha[MIX_VALUES];
     int t = blockIdx.x;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
     int nv = na + 1;
     for (int i = warp; i < nv; i += warps) {
         const float* v = (i < na) ? anchors + ((size_t)i * n + t) * hd : cur + (size_t)t * hd;
-        float ss = warp_dot(v, v, hd, lane);
-        float s = warp_dot(v, w, hd, lane);
+        float ss, s;
+        warp_dot2(v, v, w, hd, lane, ss, s);
         if (lane == 0) alpha[i] = inv_rms(ss, hd, eps) * s;
     }
     __syncthreads();
@@ -374,6 +400,7 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
         for (int i = 0; i < nv; i++) alpha[i] *= inv;
     }
     __syncthreads();
+    float* o_row = out + (size_t)t * hd;
 #pragma unroll 4
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
@@ -381,11 +408,11 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
             const float* v = (i < na) ? anchors + ((size_t)i * n + t) * hd : cur + (size_t)t * hd;
             o += alpha[i] * v[d];
         }
-        out[(size_t)t * hd + d] = o;
+        o_row[d] = o;
     }
     if (!norm_w) return;
     __syncthreads();
-    rms_row(out + (size_t)t * hd, norm_w, out + (size_t)t * hd, hd, eps);
+    rms_row(o_row, norm_w, o_row, hd, eps);
 }
 
 // The KDA recurrence over n rows in order, one block per head, one thread per channel (blockDim == dim).
@@ -506,64 +533,117 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
     for (int i = threadIdx.x; i < rope; i += blockDim.x) pe[(size_t)(start + t) * rope + i] = row[kvl + i];
 }
 
+// One level of the lane tree (fold_lanes) over 32 accumulators in registers.
+template <int H>
+__device__ __forceinline__ void tree_step(float* acc) {
+#pragma unroll
+    for (int k = 0; k < H; k++) acc[k] += acc[k + H];
+}
+
+// warp_dot's arithmetic in one thread: element i into accumulator i % 32 in increasing i, the lane tree, then
+// the tail; the same bits as warp_dot, without a warp.
+__device__ float thread_dot(const float* a, const float* b, int len) {
+    float acc[32];
+#pragma unroll
+    for (int k = 0; k < 32; k++) acc[k] = 0.0f;
+    int body = len / 32 * 32;
+    for (int c = 0; c < body; c += 32)
+#pragma unroll
+        for (int k = 0; k < 32; k++) acc[k] = fmaf(a[c + k], b[c + k], acc[k]);
+    tree_step<16>(acc);
+    tree_step<8>(acc);
+    tree_step<4>(acc);
+    tree_step<2>(acc);
+    tree_step<1>(acc);
+    for (int i = body; i < len; i++) acc[0] = fmaf(a[i], b[i], acc[0]);
+    return acc[0];
+}
+
 // Absorbed MLA for one (row t, head): q_lat = W_UKᵀ q_nope; p_s = softmax((q_lat·lat_s + q_pe·pe_s)·scale) over
 // s ≤ start + t; ctx = Σ p_s lat_s; out = W_UV ctx, times sigmoid(gate) where the layer has an output gate
 // ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap], shared: q_lat and
-// ctx (2·kvl floats).
-extern "C" __global__ void mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all,
-                                      int ctx_cap, const float* gate, float* out, int n, int heads, int nope, int rope,
-                                      int dv, int kvl, int start, float scale) {
+// ctx (2·kvl floats). MLA_THREADS threads. At one row the block is a chain of steps, each arranged to wait as few
+// load round trips as it can: the head's weights are fetched into L2 before the wait, a position's score is one
+// thread's (thread_dot), and positions go in chunks of the block, whose softmax terms the serial sum and ctx
+// read from shared memory.
+#define MLA_THREADS 512
+extern "C" __global__ void __launch_bounds__(MLA_THREADS)
+    mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all, int ctx_cap,
+               const float* gate, float* out, int n, int heads, int nope, int rope, int dv, int kvl, int start,
+               float scale) {
     pdl_launch_next();
-    pdl_wait();
     extern __shared__ float sh[];
     float* q_lat = sh;
     float* ctx = sh + kvl;
-    __shared__ float red[2];
+    __shared__ float eb[MLA_THREADS];  // a chunk's softmax terms
+    __shared__ float red[MLA_THREADS / 32];
+    __shared__ float bc;
     int t = blockIdx.x / heads, hd = blockIdx.x % heads;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
     int qd = nope + rope;
-    const float* qh = q + (size_t)t * heads * qd + (size_t)hd * qd;
     size_t base = (size_t)hd * (nope + dv);
+    prefetch_l2(kv_b + base * kvl, 2 * (size_t)(nope + dv) * kvl);
+    pdl_wait();
+    const float* qh = q + (size_t)t * heads * qd + (size_t)hd * qd;
     for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
         float acc = 0.0f;
-#pragma unroll 8
+#pragma unroll 16
         for (int r = 0; r < nope; r++) acc = fmaf(bf16f(kv_b[(base + r) * kvl + cc]), qh[r], acc);
         q_lat[cc] = acc;
+        ctx[cc] = 0.0f;
     }
     __syncthreads();
     int upto = start + t + 1;
     float* p = p_all + (size_t)blockIdx.x * ctx_cap;
-    for (int s = warp; s < upto; s += warps) {
-        float a = warp_dot(q_lat, lat + (size_t)s * kvl, kvl, lane);
-        float b = warp_dot(qh + nope, pe + (size_t)s * rope, rope, lane);
-        if (lane == 0) p[s] = (a + b) * scale;
+    // Scores and their maximum (fmaxf in any order gives the serial maximum, up to the sign of a zero, which
+    // no p_s − max distinguishes).
+    float mx = __int_as_float(0xff800000);
+    for (int s = threadIdx.x; s < upto; s += blockDim.x) {
+        float a = thread_dot(q_lat, lat + (size_t)s * kvl, kvl);
+        float b = thread_dot(qh + nope, pe + (size_t)s * rope, rope);
+        float sc = (a + b) * scale;
+        p[s] = sc;
+        mx = fmaxf(mx, sc);
     }
+    for (int h = 16; h >= 1; h >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, h));
+    if (lane == 0) red[warp] = mx;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float mx = __int_as_float(0xff800000);
-#pragma unroll 8
-        for (int s = 0; s < upto; s++) mx = fmaxf(mx, p[s]);
-        red[0] = mx;
+        for (int i = 1; i < warps; i++) mx = fmaxf(mx, red[i]);
+        bc = mx;
     }
     __syncthreads();
-    for (int s = threadIdx.x; s < upto; s += blockDim.x) p[s] = expf(p[s] - red[0]);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < upto; s++) sum += p[s];
-        red[1] = 1.0f / sum;
+    mx = bc;
+    // exp(p_s − max), summed left to right by thread 0, a chunk at a time. Thread i owns positions ≡ i in
+    // every chunk, so it reads back only what it wrote.
+    float sum = 0.0f;
+    for (int s0 = 0; s0 < upto; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x;
+        if (s < upto) {
+            float e = expf(p[s] - mx);
+            p[s] = e;
+            eb[threadIdx.x] = e;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0; i < min((int)blockDim.x, upto - s0); i++) sum += eb[i];
+        __syncthreads();
     }
+    if (threadIdx.x == 0) bc = 1.0f / sum;
     __syncthreads();
-    for (int s = threadIdx.x; s < upto; s += blockDim.x) p[s] *= red[1];
-    __syncthreads();
-    for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < upto; s++) acc += p[s] * lat[(size_t)s * kvl + cc];
-        ctx[cc] = acc;
+    float inv = bc;
+    for (int s0 = 0; s0 < upto; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x, m = min((int)blockDim.x, upto - s0);
+        if (s < upto) eb[threadIdx.x] = p[s] * inv;
+        __syncthreads();
+        for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
+            float acc = ctx[cc];
+#pragma unroll 16
+            for (int i = 0; i < m; i++) acc += eb[i] * lat[(size_t)(s0 + i) * kvl + cc];
+            ctx[cc] = acc;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     for (int i = warp; i < dv; i += warps) {
         float acc = warp_dot_bf16(kv_b + (base + nope + i) * kvl, ctx, kvl, lane);
         size_t o = (size_t)t * heads * dv + (size_t)hd * dv + i;

@@ -3,7 +3,10 @@
 //! from the CPU-side expert store (by DMA from its page-locked slab).
 
 use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
-use crate::plan::{matmul_tile, plan_spine, plan_waves, Ring, SlotCache, MATMUL_RING_BYTES};
+use crate::plan::{
+    attn_res_values, matmul_tile, plan_spine, plan_waves, Ring, SlotCache, MATMUL_RING_BYTES,
+    MIX_VALUES,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
@@ -534,8 +537,18 @@ impl Backend for CudaModel {
 
 impl CudaModel {
     pub fn load(dir: &Path, load: &LoadOptions, opts: &CudaOptions) -> Result<CudaModel> {
-        let gpu = Gpu::open(opts.ordinal)?;
         let cfg = ModelConfig::from_dir(dir)?;
+        let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
+        if values > MIX_VALUES {
+            bail!(
+                "{}: attn_res_block_size {} over {} layers makes AttnRes mixes of {values} values; the CUDA \
+                 kernels mix at most {MIX_VALUES}: run this model on the CPU",
+                dir.display(),
+                cfg.attn_res_block.unwrap_or(0),
+                cfg.num_layers
+            );
+        }
+        let gpu = Gpu::open(opts.ordinal)?;
         let ck = Checkpoint::open(dir)?;
         let (store, layout) = open_store(dir, &cfg, load)?;
         // Whole 32-element blocks per row; every tensor of a record then starts 16-byte aligned.
@@ -1367,7 +1380,7 @@ impl CudaModel {
             &self.gpu,
             "mla_attend",
             ((n * m.heads) as u32, 1),
-            128,
+            512, // MLA_THREADS in kernels.cu
             (2 * m.kvl * 4) as u32,
         )
         .p(q)

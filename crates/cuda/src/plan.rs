@@ -27,6 +27,14 @@ pub fn matmul_tile(smem_max: usize, cols: usize) -> Option<usize> {
     (tile > 0).then_some(tile)
 }
 
+/// The most values an AttnRes mix reads on the device (kernels.cu's MIX_VALUES).
+pub const MIX_VALUES: usize = 16;
+
+/// How many values a model's widest AttnRes mix reads: every block's anchor, then h (none without AttnRes).
+pub fn attn_res_values(num_layers: usize, block: Option<usize>) -> usize {
+    block.map_or(0, |b| num_layers.div_ceil(b) + 1)
+}
+
 pub type Key = (usize, usize);
 
 /// The VRAM expert cache's bookkeeping: `slots` record-sized slots, least-recently-used eviction among
@@ -156,6 +164,15 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn attn_res_mixes_count_every_anchor_and_h() {
+        // K3: 93 layers in blocks of 12 (the final mix reads 8 anchors and h).
+        assert_eq!(attn_res_values(93, Some(12)), 9);
+        assert!(attn_res_values(93, Some(12)) <= MIX_VALUES);
+        assert_eq!(attn_res_values(16, Some(1)), 17);
+        assert_eq!(attn_res_values(48, None), 0);
+    }
+
     #[test]
     fn matmul_tiles_shrink_to_what_shared_memory_holds() {
         // An H200 block may opt in to 227 KB.
