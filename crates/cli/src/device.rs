@@ -95,8 +95,9 @@ impl<'m> Timed<'m> {
         let half_h2d: u64 = half.iter().map(|p| p.h2d).sum();
         let half_secs: f64 = half.iter().map(|p| p.secs).sum();
         let med = deltafin_cuda::probe::median(&mut step_secs.clone());
-        let tokens: usize = passes.iter().map(|p| p.tokens).sum();
-        let expert_bytes: u64 = passes.iter().map(|p| p.expert_bytes).sum();
+        // Bytes a decode token touches (the prompt's pass reads each expert once for all its rows).
+        let tokens: usize = steps.iter().map(|p| p.tokens).sum();
+        let expert_bytes: u64 = steps.iter().map(|p| p.expert_bytes).sum();
         let step_spine_h2d: u64 = steps.iter().map(|p| p.spine_h2d).sum();
         format!(
             "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
@@ -120,7 +121,7 @@ impl<'m> Timed<'m> {
             half_h2d as f64 / 1e6 / half.len().max(1) as f64,
             half_h2d as f64 / half_secs.max(1e-12) / 1e9,
             m.spine_bytes_per_token() as f64 / 1e6,
-            expert_bytes as f64 / 1e6 / tokens as f64,
+            expert_bytes as f64 / 1e6 / tokens.max(1) as f64,
             m.spine_layers_streamed(),
             m.config().num_layers,
             step_spine_h2d as f64 / 1e6 / steps.len().max(1) as f64,
