@@ -1,5 +1,5 @@
-# Sourced by the GPU-machine scripts (verify.sh, ab.sh): the CUDA libraries on LD_LIBRARY_PATH, the work folder
-# W, and the seed-0 test checkpoints made there on first use.
+# Sourced by the GPU-machine scripts (verify.sh, ab.sh, same.sh, knockout.sh): the CUDA libraries on
+# LD_LIBRARY_PATH, the work folder W, and the seed-0 test checkpoints made there on first use.
 
 # The driver's libcuda and NVRTC: toolkit first, then any pip wheel.
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
