@@ -38,6 +38,15 @@ if [ "$MODE" != bench ]; then
     if cmp -s "$W/$arch-$preset-gpu.npy" "$W/$arch-$preset-gpu3.npy"; then log "  streamed (--expert-vram $vram): bit-identical to resident"; else log "  streamed (--expert-vram $vram) DIFFERS from resident"; fail=1; fi
     tail -1 "$W/gpu.err" | tee -a "$REPORT"
   done; done
+  # A context longer than mla_attend's chunk of positions (512): its chunked softmax and context, prompt and decode.
+  m=$(checkpoint "$BIN" kimi_k3 tiny)
+  LONG=$(seq -s, 1 700)
+  "$BIN" run --model "$m" --prompt-ids "$LONG" --max-new 4 --ignore-eos --dump-logits "$W/long-cpu.npy" >/dev/null 2>&1
+  if "$BIN" run --model "$m" --device cuda --prompt-ids "$LONG" --max-new 4 --ignore-eos --dump-logits "$W/long-gpu.npy" >/dev/null 2>"$W/gpu.err"; then
+    python3 tools/cuda/compare.py "$W/long-cpu.npy" "$W/long-gpu.npy" 700 "kimi_k3-tiny, 700-token prompt" 2>&1 | tee -a "$REPORT" || fail=1
+  else
+    log "FAIL kimi_k3 tiny, 700-token prompt: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
+  fi
   cp "$W"/kimi_k3-small-*.npy "$OUT/" 2>/dev/null
 
   log "== the engine on the GPU: speculative decoding, chat, serve (kimi_k3)"
