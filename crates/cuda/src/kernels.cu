@@ -533,11 +533,17 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
     for (int i = threadIdx.x; i < rope; i += blockDim.x) pe[(size_t)(start + t) * rope + i] = row[kvl + i];
 }
 
-// One level of the lane tree (fold_lanes) over 32 accumulators in registers.
-template <int H>
-__device__ __forceinline__ void tree_step(float* acc) {
+// The lane tree over 32 accumulators in one thread (written out so that every index is a constant).
+__device__ __forceinline__ float fold32(float* acc) {
 #pragma unroll
-    for (int k = 0; k < H; k++) acc[k] += acc[k + H];
+    for (int k = 0; k < 16; k++) acc[k] += acc[k + 16];
+#pragma unroll
+    for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc[k] += acc[k + 4];
+    acc[0] += acc[2];
+    acc[1] += acc[3];
+    return acc[0] + acc[1];
 }
 
 // warp_dot's arithmetic in one thread: element i into accumulator i % 32 in increasing i, the lane tree, then
@@ -550,13 +556,9 @@ __device__ float thread_dot(const float* a, const float* b, int len) {
     for (int c = 0; c < body; c += 32)
 #pragma unroll
         for (int k = 0; k < 32; k++) acc[k] = fmaf(a[c + k], b[c + k], acc[k]);
-    tree_step<16>(acc);
-    tree_step<8>(acc);
-    tree_step<4>(acc);
-    tree_step<2>(acc);
-    tree_step<1>(acc);
-    for (int i = body; i < len; i++) acc[0] = fmaf(a[i], b[i], acc[0]);
-    return acc[0];
+    float r = fold32(acc);
+    for (int i = body; i < len; i++) r = fmaf(a[i], b[i], r);
+    return r;
 }
 
 // Absorbed MLA for one (row t, head): q_lat = W_UKᵀ q_nope; p_s = softmax((q_lat·lat_s + q_pe·pe_s)·scale) over
@@ -874,19 +876,6 @@ __device__ __forceinline__ void bf16_chunk(float* acc, uint4 v, const float* xc)
         acc[2 * k] = fmaf(__int_as_float((int)(p[k] << 16)), xv[2 * k], acc[2 * k]);
         acc[2 * k + 1] = fmaf(__int_as_float((int)(p[k] & 0xffff0000u)), xv[2 * k + 1], acc[2 * k + 1]);
     }
-}
-
-// The lane tree over 32 accumulators in one thread (written out so that every index is a constant).
-__device__ __forceinline__ float fold32(float* acc) {
-#pragma unroll
-    for (int k = 0; k < 16; k++) acc[k] += acc[k + 16];
-#pragma unroll
-    for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
-#pragma unroll
-    for (int k = 0; k < 4; k++) acc[k] += acc[k + 4];
-    acc[0] += acc[2];
-    acc[1] += acc[3];
-    return acc[0] + acc[1];
 }
 
 // Shared memory of one warp: two pieces (double buffering) of 32 rows × eight 16-byte chunks, each row padded to
