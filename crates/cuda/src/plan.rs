@@ -164,6 +164,8 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn attn_res_mixes_count_every_anchor_and_h() {
         // K3: 93 layers in blocks of 12 (the final mix reads 8 anchors and h).
@@ -177,16 +179,14 @@ mod tests {
     fn matmul_tiles_shrink_to_what_shared_memory_holds() {
         // An H200 block may opt in to 227 KB.
         let h200 = 232_448;
-        assert_eq!(super::matmul_tile(h200, 512), Some(4));
-        assert_eq!(super::matmul_tile(h200, 7168), Some(4));
-        assert_eq!(super::matmul_tile(h200, 18_432), Some(2));
+        assert_eq!(matmul_tile(h200, 512), Some(4));
+        assert_eq!(matmul_tile(h200, 7168), Some(4));
+        assert_eq!(matmul_tile(h200, 18_432), Some(2));
         // K3's dense down-projection (33,792 columns): one row at a time.
-        assert_eq!(super::matmul_tile(h200, 33_792), Some(1));
-        assert_eq!(super::matmul_tile(h200, 60_000), None);
-        assert_eq!(super::matmul_tile(48 * 1024, 512), None);
+        assert_eq!(matmul_tile(h200, 33_792), Some(1));
+        assert_eq!(matmul_tile(h200, 60_000), None);
+        assert_eq!(matmul_tile(48 * 1024, 512), None);
     }
-
-    use super::*;
 
     #[test]
     fn the_spine_streams_the_layers_beyond_its_allowance() {
