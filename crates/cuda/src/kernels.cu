@@ -215,25 +215,28 @@ __device__ __forceinline__ void mm_piece(uint4* dst, const uint4* w, int p, int 
 }
 
 // y[t*rows + r] = W[r] . x[t] for t < n, x rows in tiles of `tile` ≤ T rows (T = 1 when n is 1: a decode step's
-// single row then runs a loop of its own). One warp per output row, lane j holding lane j of the order: the
-// row streams through a ring of MM_RING shared-memory pieces of 4 KB (cp.async; the first ones issued before x
+// single row then runs a loop of its own). One warp per output row, lane j holding lane j of the order: the row
+// streams through a ring of up to MM_RING shared-memory pieces of 4 KB (cp.async; the first ones issued before x
 // is staged, so their latency overlaps it), and lane j reads element 32b + j of each block b from there. The
-// tile's x rows are staged in shared memory first (read by every warp; from global memory each block would wait
-// on a miss). Dynamic shared memory: each warp's ring, then tile · cols floats. Prologue: with norm_w, each
-// staged x row is RMS-normalised in shared memory exactly as rms_row does it (the norm fused into its
-// consumer). Epilogue, as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or
-// y += v with `accumulate` (residual adds fused).
+// tile's x rows are staged in shared memory first (read by every warp; from global memory each block would wait on
+// a miss). Dynamic shared memory: each warp's ring, then tile · cols floats. Prologue: with norm_w, each staged x
+// row is RMS-normalised in shared memory exactly as rms_row does it (the norm fused into its consumer). Epilogue,
+// as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or y += v with `accumulate`
+// (residual adds fused).
 template <int T>
 __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float* y, int rows, int cols, int n,
                                             int tile, const float* norm_w, float eps, const float* add,
                                             int accumulate) {
     extern __shared__ uint4 dyn[];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4* ring = dyn + warp * MM_RING * 256;
-    float* xs = (float*)(dyn + warps * MM_RING * 256);
+    int chunks = cols / 8, pieces = (chunks + 255) / 256;
+    // A row of fewer than MM_RING pieces has a ring of its pieces only: slots past them are never written (its
+    // copies from piece MM_RING on are empty).
+    int slots = min(MM_RING, pieces);
+    uint4* ring = dyn + warp * slots * 256;
+    float* xs = (float*)(dyn + warps * slots * 256);
     int r = blockIdx.x * warps + warp;
     const uint4* w = (const uint4*)(W + (size_t)min(r, rows - 1) * cols);
-    int chunks = cols / 8, pieces = (chunks + 255) / 256;
     __shared__ float inv[T];
     for (int t0 = 0; t0 < n; t0 += tile) {
         int nt = min(tile, n - t0);

@@ -4,7 +4,7 @@
 
 use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
 use crate::plan::{
-    attn_res_values, matmul_tile, plan_spine, plan_waves, Ring, SlotCache, MATMUL_RING_BYTES,
+    attn_res_values, matmul_ring_bytes, matmul_tile, plan_spine, plan_waves, Ring, SlotCache,
     MIX_VALUES,
 };
 use anyhow::{anyhow, bail, Context, Result};
@@ -988,13 +988,14 @@ impl CudaModel {
     fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize, mm: Mm) -> Result<()> {
         let (norm_w, eps) = mm.norm.unwrap_or((0, 0.0));
         // A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
-        // ring of four 4 KB pieces, then the x rows of a tile (as many as fit, at most four).
+        // ring of 4 KB pieces (as many as a row has, at most four), then the x rows of a tile (as many as fit,
+        // at most four).
         let Some(tile) = matmul_tile(self.gpu.smem_max, w.cols) else {
             bail!(
                 "a {}-column matrix needs {} bytes of shared memory per block on the GPU; this GPU offers {}: \
                  run this model on the CPU",
                 w.cols,
-                MATMUL_RING_BYTES + 4 * w.cols,
+                matmul_ring_bytes(w.cols) + 4 * w.cols,
                 self.gpu.smem_max
             );
         };
@@ -1003,7 +1004,7 @@ impl CudaModel {
             "matmul_bf16",
             (w.rows.div_ceil(4) as u32, 1),
             128,
-            (MATMUL_RING_BYTES + 4 * n.min(tile) * w.cols) as u32,
+            (matmul_ring_bytes(w.cols) + 4 * n.min(tile) * w.cols) as u32,
         )
         .p(w.ptr())
         .p(x)

@@ -17,13 +17,17 @@ pub fn plan_spine(layer_bytes: &[u64], allowance: u64) -> Vec<bool> {
     plan_resident(layer_bytes, allowance.saturating_sub(2 * largest))
 }
 
-/// Shared memory of a `matmul_bf16` block before its x rows: four warps, each a ring of four 4 KB pieces.
-pub const MATMUL_RING_BYTES: usize = 4 * 4 * 4096;
+/// Shared memory of a `matmul_bf16` block before its x rows: four warps, each a ring of 4 KB pieces (2,048
+/// BF16 weights), as many as a row has, at most four (kernels.cu's MM_RING). Short rows then leave room for more
+/// blocks an SM.
+pub fn matmul_ring_bytes(cols: usize) -> usize {
+    4 * cols.div_ceil(2048).clamp(1, 4) * 4096
+}
 
 /// How many x rows (at most four) a `matmul_bf16` block stages for a `cols`-column matrix within `smem_max`
 /// bytes of shared memory; `None` when not even one fits.
 pub fn matmul_tile(smem_max: usize, cols: usize) -> Option<usize> {
-    let tile = (smem_max.saturating_sub(MATMUL_RING_BYTES) / (4 * cols)).min(4);
+    let tile = (smem_max.saturating_sub(matmul_ring_bytes(cols)) / (4 * cols)).min(4);
     (tile > 0).then_some(tile)
 }
 
@@ -185,7 +189,18 @@ mod tests {
         // K3's dense down-projection (33,792 columns): one row at a time.
         assert_eq!(matmul_tile(h200, 33_792), Some(1));
         assert_eq!(matmul_tile(h200, 60_000), None);
-        assert_eq!(matmul_tile(48 * 1024, 512), None);
+        // A 48 KB GPU: short rows fit, 7,168 columns (a full 64 KB ring) do not.
+        assert_eq!(matmul_tile(48 * 1024, 512), Some(4));
+        assert_eq!(matmul_tile(48 * 1024, 7168), None);
+    }
+
+    #[test]
+    fn matmul_rings_hold_a_row_up_to_four_pieces() {
+        assert_eq!(matmul_ring_bytes(512), 4 * 4096);
+        assert_eq!(matmul_ring_bytes(2048), 4 * 4096);
+        assert_eq!(matmul_ring_bytes(2049), 4 * 2 * 4096);
+        assert_eq!(matmul_ring_bytes(7168), 4 * 4 * 4096);
+        assert_eq!(matmul_ring_bytes(33_792), 4 * 4 * 4096);
     }
 
     #[test]
