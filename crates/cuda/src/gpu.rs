@@ -134,8 +134,9 @@ pub struct Gpu {
     readback: Mutex<Option<Pinned>>,
     pub name: String,
     pub sm: (i32, i32),
-    /// Shared memory a block may take (opted in).
-    pub smem_max: usize,
+    /// The dynamic shared memory each kernel of DYNAMIC_SMEM may take: the block's opted-in limit less the
+    /// kernel's static shared memory.
+    dynamic_smem: HashMap<&'static str, usize>,
     /// Kernels on the compute stream are launched as programmatic dependents (Hopper and later).
     pub pdl: bool,
 }
@@ -170,6 +171,7 @@ impl Gpu {
             )
             .map_err(|e| anyhow!("{e:?}"))?;
         let mut funcs = HashMap::new();
+        let mut dynamic_smem = HashMap::new();
         for &k in KERNEL_NAMES {
             let f = module
                 .load_function(k)
@@ -184,6 +186,7 @@ impl Gpu {
                     smem_max - fixed,
                 )
                 .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+                dynamic_smem.insert(k, (smem_max - fixed) as usize);
             }
             funcs.insert(k, f);
         }
@@ -199,7 +202,7 @@ impl Gpu {
             readback: Mutex::new(None),
             name,
             sm,
-            smem_max: smem_max as usize,
+            dynamic_smem,
             pdl: sm.0 >= 9,
         })
     }
@@ -217,6 +220,14 @@ impl Gpu {
     /// A new event recorded on the compute stream.
     pub fn mark(&self) -> Result<CudaEvent> {
         self.stream.record_event(None).map_err(|e| anyhow!("{e:?}"))
+    }
+
+    /// The dynamic shared memory a block of `kernel` (one of DYNAMIC_SMEM) may take.
+    pub fn dynamic_smem(&self, kernel: &str) -> usize {
+        *self
+            .dynamic_smem
+            .get(kernel)
+            .expect("asked only for kernels in DYNAMIC_SMEM")
     }
 
     pub fn func(&self, name: &str) -> &CudaFunction {

@@ -281,6 +281,26 @@ impl RecordLayout {
             len: at,
         }
     }
+
+    /// The expert kernels (up, down) of this encoding and the activation they apply (0 SiTU, 1 SiLU).
+    fn kernels(&self) -> (&'static str, &'static str, usize) {
+        if self.mxfp4 {
+            ("expert_up_mx", "expert_down_mx", 0)
+        } else {
+            ("expert_up_bf16", "expert_down_bf16", 1)
+        }
+    }
+
+    /// Dynamic shared memory of an expert kernel's block that stages an x of `len` elements: for BF16 four
+    /// warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 the block scales' factors
+    /// (256 floats) and the x row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
+    fn expert_smem(&self, len: usize) -> usize {
+        if self.mxfp4 {
+            4 * 256 + 6 * len
+        } else {
+            4 * 2 * 32 * 9 * 16 + 4 * len
+        }
+    }
 }
 
 /// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring (used only when the store's
@@ -561,13 +581,27 @@ impl CudaModel {
         }
         // mx_repack rearranges one 32-row group of a tensor per block, in shared memory.
         let long = layout.width.max(layout.inter);
-        if layout.mxfp4 && 16 * long > gpu.smem_max {
+        if layout.mxfp4 && 16 * long > gpu.dynamic_smem("mx_repack") {
             bail!(
                 "expert matrices {long} wide need {} bytes of shared memory per block to be rearranged on the GPU; \
                  this GPU offers {}: run this model on the CPU",
                 16 * long,
-                gpu.smem_max
+                gpu.dynamic_smem("mx_repack")
             );
+        }
+        // The expert kernels stage their x (width elements up, inter down) in shared memory.
+        let (up, down, _) = layout.kernels();
+        for (k, len) in [(up, layout.width), (down, layout.inter)] {
+            let need = layout.expert_smem(len);
+            if need > gpu.dynamic_smem(k) {
+                bail!(
+                    "experts of shape {}x{} need {need} bytes of shared memory per block in {k}; this GPU offers \
+                     {}: run this model on the CPU",
+                    layout.inter,
+                    layout.width,
+                    gpu.dynamic_smem(k)
+                );
+            }
         }
         let prefix = layer_prefix(cfg.family);
         let k3 = cfg.family == Family::KimiK3;
@@ -990,13 +1024,13 @@ impl CudaModel {
         // A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
         // ring of 4 KB pieces (as many as a row has, at most four), then the x rows of a tile (as many as fit,
         // at most four).
-        let Some(tile) = matmul_tile(self.gpu.smem_max, w.cols) else {
+        let smem = self.gpu.dynamic_smem("matmul_bf16");
+        let Some(tile) = matmul_tile(smem, w.cols) else {
             bail!(
-                "a {}-column matrix needs {} bytes of shared memory per block on the GPU; this GPU offers {}: \
+                "a {}-column matrix needs {} bytes of shared memory per block on the GPU; this GPU offers {smem}: \
                  run this model on the CPU",
                 w.cols,
                 matmul_ring_bytes(w.cols) + 4 * w.cols,
-                self.gpu.smem_max
             );
         };
         Launch::new(
@@ -1863,27 +1897,16 @@ impl CudaModel {
         y: u64,
     ) -> Result<()> {
         let lay = &self.layout;
-        let (up, down, act_kind) = if lay.mxfp4 {
-            ("expert_up_mx", "expert_down_mx", 0)
-        } else {
-            ("expert_up_bf16", "expert_down_bf16", 1)
-        };
+        let (up, down, act_kind) = lay.kernels();
         let g = g as u32;
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
-        // groups in turn) in expert_up, 64 output rows in expert_down. Shared memory: for BF16 four warps'
-        // double-buffered tiles and the x row (4 bytes an element); for MXFP4 the block scales' factors (256
-        // floats) and the x row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
-        let (tiles, xbytes) = if lay.mxfp4 {
-            (4 * 256, 6)
-        } else {
-            (4 * 2 * 32 * 9 * 16, 4)
-        };
+        // groups in turn) in expert_up, 64 output rows in expert_down.
         Launch::new(
             &self.gpu,
             up,
             (lay.inter.div_ceil(64) as u32, g),
             128,
-            (tiles + xbytes * lay.width) as u32,
+            lay.expert_smem(lay.width) as u32,
         )
         .p(slots)
         .p(row_off)
@@ -1900,7 +1923,7 @@ impl CudaModel {
             down,
             (lay.width.div_ceil(64) as u32, g),
             128,
-            (tiles + xbytes * lay.inter) as u32,
+            lay.expert_smem(lay.inter) as u32,
         )
         .p(slots)
         .p(row_off)
