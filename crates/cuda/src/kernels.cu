@@ -119,11 +119,12 @@ __device__ float warp_dot_bf16(const u16* w, const float* x, int cols, int lane)
 }
 
 // 16 bytes of weights, prefetching the rest of their 256-byte L2 line: the next blocks of the same row(s)
-// are read by the same threads shortly after. volatile: a plain asm counts as side-effect free, and the
-// compiler then hoists it out of the bounds checks around it (reads past the end of a matrix).
+// are read by the same threads shortly after. Not kept in L1 (read once; the scales and other small reads
+// near them are). volatile: a plain asm counts as side-effect free, and the compiler then hoists it out of
+// the bounds checks around it (reads past the end of a matrix).
 __device__ __forceinline__ uint4 ldg_w(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
