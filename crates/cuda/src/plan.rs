@@ -24,10 +24,10 @@ pub fn matmul_ring_bytes(cols: usize) -> usize {
     4 * cols.div_ceil(2048).clamp(1, 4) * 4096
 }
 
-/// How many x rows (at most four) a `matmul_bf16` block stages for a `cols`-column matrix within `smem_max`
-/// bytes of shared memory; `None` when not even one fits.
-pub fn matmul_tile(smem_max: usize, cols: usize) -> Option<usize> {
-    let tile = (smem_max.saturating_sub(matmul_ring_bytes(cols)) / (4 * cols)).min(4);
+/// How many x rows (at most four) a `matmul_bf16` block stages for a `cols`-column matrix within `smem` bytes
+/// of dynamic shared memory; `None` when not even one fits.
+pub fn matmul_tile(smem: usize, cols: usize) -> Option<usize> {
+    let tile = (smem.saturating_sub(matmul_ring_bytes(cols)) / (4 * cols)).min(4);
     (tile > 0).then_some(tile)
 }
 
