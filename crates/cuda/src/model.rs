@@ -301,6 +301,12 @@ impl RecordLayout {
             4 * 2 * 32 * 9 * 16 + 4 * len
         }
     }
+
+    /// Dynamic shared memory of an `mx_repack` block: one 32-row group of a tensor, 16 bytes per column of the
+    /// longer side.
+    fn repack_smem(&self) -> usize {
+        16 * self.width.max(self.inter)
+    }
 }
 
 /// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring (used only when the store's
@@ -579,20 +585,17 @@ impl CudaModel {
                 layout.width
             );
         }
-        // mx_repack rearranges one 32-row group of a tensor per block, in shared memory.
-        let long = layout.width.max(layout.inter);
-        if layout.mxfp4 && 16 * long > gpu.dynamic_smem("mx_repack") {
-            bail!(
-                "expert matrices {long} wide need {} bytes of shared memory per block to be rearranged on the GPU; \
-                 this GPU offers {}: run this model on the CPU",
-                16 * long,
-                gpu.dynamic_smem("mx_repack")
-            );
-        }
-        // The expert kernels stage their x (width elements up, inter down) in shared memory.
+        // Shared memory per block: the expert kernels stage their x (width elements up, inter down); mx_repack
+        // rearranges one 32-row group of a tensor.
         let (up, down, _) = layout.kernels();
-        for (k, len) in [(up, layout.width), (down, layout.inter)] {
-            let need = layout.expert_smem(len);
+        let mut needs = vec![
+            (up, layout.expert_smem(layout.width)),
+            (down, layout.expert_smem(layout.inter)),
+        ];
+        if layout.mxfp4 {
+            needs.push(("mx_repack", layout.repack_smem()));
+        }
+        for (k, need) in needs {
             if need > gpu.dynamic_smem(k) {
                 bail!(
                     "experts of shape {}x{} need {need} bytes of shared memory per block in {k}; this GPU offers \
@@ -1743,13 +1746,12 @@ impl CudaModel {
     fn repack(&self, dst: u64) -> Result<()> {
         let lay = &self.layout;
         // A block holds one 32-row group of a tensor (its size checked at load).
-        let long = lay.width.max(lay.inter);
         Launch::new(
             &self.gpu,
             "mx_repack",
-            (long.div_ceil(32) as u32, 6),
+            (lay.width.max(lay.inter).div_ceil(32) as u32, 6),
             256,
-            (16 * long) as u32,
+            lay.repack_smem() as u32,
         )
         .on_prep_stream()
         .p(dst)
