@@ -198,8 +198,10 @@ pub fn set_force_scalar(on: bool) {
     FORCE_SCALAR.store(on, Ordering::Relaxed);
 }
 
-/// Below this many multiply-adds a product runs on the calling thread: splitting costs more than it saves.
-const PARALLEL_MIN_WORK: usize = 1 << 18;
+/// Below this many multiply-adds (a few microseconds' work) a product runs on the calling thread:
+/// splitting costs more than it saves. Products called from a pool thread split cheaply (the model's
+/// passes run on one), so the limit is low enough for a 512-wide model's projections to split.
+const PARALLEL_MIN_WORK: usize = 1 << 15;
 /// Multiply-adds per parallel task of `matmul` (rounded to whole rows, at most 64 rows).
 const TASK_WORK: usize = 1 << 16;
 const MAX_ROWS_PER_TASK: usize = 64;

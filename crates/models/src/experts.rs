@@ -252,7 +252,8 @@ impl ExpertSet {
         match lay.encoding {
             Encoding::Mxfp4 => {
                 for i in [1, 3, 5] {
-                    if let Some(pos) = part(i).iter().position(|&s| s == 255) {
+                    // A vector search: the check runs on every use of a record.
+                    if let Some(pos) = memchr::memchr(255, part(i)) {
                         bail!(
                             "layer {} expert {e}: scale byte {pos} of w{} is 255 (NaN in e8m0); the checkpoint is damaged",
                             self.layer,
