@@ -539,6 +539,18 @@ fn matmul_equals_dot_with_the_dequantised_row() {
 }
 
 #[test]
+fn a_matrix_without_columns_gives_zeros() {
+    // The empty sum is +0.0 on every path, for single rows and token blocks alike.
+    let m = Matrix::bf16(&[], 11, 0).unwrap();
+    for path in paths() {
+        for n in [1, 2, 3, 5] {
+            let y = run_matmul(path, &m, &[], n);
+            assert!(y.iter().all(|v| v.to_bits() == 0), "{path:?} n={n}: {y:?}");
+        }
+    }
+}
+
+#[test]
 fn row_slice_selects_rows() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
     for m in TestMatrix::both(&mut rng, 12, 64) {
