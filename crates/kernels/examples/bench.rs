@@ -1,5 +1,5 @@
 //! Weight bandwidth of `matmul` on a 4096x4096 matrix: GB/s of stored weight bytes per product, for
-//! n = 1 (decode) and n = 16 (prefill), on one thread and on the whole rayon pool.
+//! n = 1 (decode), n = 16 and n = 64 (prefill), on one thread and on the whole rayon pool.
 //!
 //! `cargo run -p deltafin-kernels --release --example bench [-- --scalar]`
 
@@ -41,7 +41,7 @@ fn main() {
             .build()
             .unwrap();
         for (name, w, bytes) in &matrices {
-            for n in [1, 16] {
+            for n in [1, 16, 64] {
                 let x: Vec<f32> = (0..n * COLS).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let mut y = vec![0.0; n * ROWS];
                 let time = pool.install(|| median_time(|| matmul(w, &x, n, &mut y)));

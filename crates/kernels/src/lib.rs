@@ -242,7 +242,9 @@ fn matmul_on(path: Path, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
     if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
         run(0..rows);
     } else {
-        let per_task = (TASK_WORK / (cols * n)).clamp(1, MAX_ROWS_PER_TASK);
+        let per_task = (TASK_WORK / (cols * n))
+            .clamp(1, MAX_ROWS_PER_TASK)
+            .next_multiple_of(rows_together(path, n));
         (0..rows.div_ceil(per_task))
             .into_par_iter()
             .for_each(|i| run(i * per_task..((i + 1) * per_task).min(rows)));
@@ -263,6 +265,15 @@ fn matmul_rows(
         // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
+    }
+}
+
+/// How many rows a path computes together for `n` x rows: a task of fewer would waste the rest.
+fn rows_together(path: Path, n: usize) -> usize {
+    match path {
+        Path::Scalar => 1,
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2Fma => avx2::rows_together(n),
     }
 }
 

@@ -464,7 +464,8 @@ fn matmul_simd_and_scalar_are_bit_identical() {
             &[0, 1, 100, 127, 200, 254],
         ));
         for m in matrices {
-            for n in 1..=9 {
+            // Past 9: several of the many-token path's 32-row chunks, with a remainder.
+            for n in (1..=9).chain([36, 70]) {
                 let mut x = random_vec(&mut rng, n * cols);
                 for v in x.iter_mut().step_by(7) {
                     *v = [0.0, -0.0, 1e-40, -3e38, 1e-30][rng.gen_range(0..5)];
@@ -510,7 +511,7 @@ fn matmul_does_not_depend_on_thread_count() {
     let (one, two) = (pool(1), pool(2));
     let (rows, cols) = (300, 1024);
     for m in TestMatrix::both(&mut rng, rows, cols) {
-        for n in [1, 3, 6] {
+        for n in [1, 3, 6, 16] {
             assert!(
                 rows * cols * n >= PARALLEL_MIN_WORK,
                 "the product must be large enough to split"
