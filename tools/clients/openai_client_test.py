@@ -88,9 +88,27 @@ def main():
         check(s.choices[0].text == gtext[:gtext.index(stop)], f"stop {stop!r}: {s.choices[0].text!r}")
         check(s.choices[0].finish_reason == "stop", "stop finish_reason")
 
+    # Tools as the SDK sends them, and a conversation that already holds a call and its result.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    history = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]
+    w = client.chat.completions.create(model=a.model, messages=history, tools=tools, tool_choice="auto",
+                                       max_tokens=6, temperature=0, reasoning_effort="none")
+    wc = w.choices[0]
+    check(wc.finish_reason in ("stop", "length", "tool_calls"), f"tools finish_reason {wc.finish_reason}")
+    check(wc.message.tool_calls is None or all(c.type == "function" for c in wc.message.tool_calls),
+          f"tool calls {wc.message.tool_calls}")
+    check(w.usage.prompt_tokens > r.usage.prompt_tokens, "the tools and the history are in the prompt")
+
     # Errors are OpenAI-shaped and name the field.
     for kwargs, param in [(dict(n=2), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
-                          (dict(stop=["a", "b", "c", "d", "e"]), "stop")]:
+                          (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+                          (dict(tools=tools, tool_choice="required"), "tool_choice")]:
         try:
             client.chat.completions.create(model=a.model, messages=messages, max_tokens=2, **kwargs)
             raise AssertionError(f"{param}: expected a 400")

@@ -4,11 +4,12 @@
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
 use deltafin_engine::SamplingParams;
-use deltafin_tokenizer::chat::{ChatMessage, Role};
+use deltafin_tokenizer::chat::{ChatMessage, Role, ToolCall};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-/// Recognised OpenAI fields that deltafin does not implement (accepted only when null).
+/// Recognised OpenAI fields that deltafin does not implement (accepted only when null), unless an endpoint
+/// lists them as its own (chat takes the tool fields).
 const UNSUPPORTED: &[&str] = &[
     "tools",
     "tool_choice",
@@ -48,6 +49,9 @@ const CHAT_ONLY: &[&str] = &[
     "max_completion_tokens",
     "top_logprobs",
     "reasoning_effort",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of"];
 
@@ -68,6 +72,9 @@ impl Fields {
             ));
         };
         for (key, v) in &map {
+            if known.contains(&key.as_str()) {
+                continue;
+            }
             if UNSUPPORTED.contains(&key.as_str()) {
                 if !v.is_null() {
                     return Err(ApiError::invalid(
@@ -76,10 +83,7 @@ impl Fields {
                     )
                     .code("unsupported_parameter"));
                 }
-            } else if !COMMON.contains(&key.as_str())
-                && !IGNORED.contains(&key.as_str())
-                && !known.contains(&key.as_str())
-            {
+            } else if !COMMON.contains(&key.as_str()) && !IGNORED.contains(&key.as_str()) {
                 return Err(ApiError::invalid(
                     key.clone(),
                     format!("Unrecognized request argument supplied: {key}"),
@@ -264,6 +268,17 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub top_logprobs: Option<usize>,
     pub effort: ReasoningEffort,
+    pub tools: Tools,
+}
+
+/// The tools a chat request offers the model.
+#[derive(Clone, Debug, Default)]
+pub struct Tools {
+    /// Their JSON list, as the prompt shows it; `None` without tools or with `tool_choice: "none"` (then
+    /// the model is not told of them, and a call it writes anyway is not passed on).
+    pub listed: Option<String>,
+    /// `parallel_tool_calls` (default true): false ends the reply after its first call.
+    pub parallel: bool,
 }
 
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
@@ -316,7 +331,123 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         messages,
         top_logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
         effort,
+        tools: tools(&f)?,
     })
+}
+
+/// `tools` (function tools, checked field by field), `tool_choice` and `parallel_tool_calls`.
+fn tools(f: &Fields) -> Result<Tools, ApiError> {
+    let parallel = f.get::<bool>("parallel_tool_calls")?.unwrap_or(true);
+    match f.raw("tool_choice") {
+        None => {}
+        Some(Value::String(c)) if c == "auto" || c == "none" => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice must be \"auto\" or \"none\": deltafin never constrains sampling, so it cannot \
+                 force a call (\"required\" or a named function)",
+            )
+            .code("unsupported_parameter"))
+        }
+    }
+    let Some(raw) = f.raw("tools") else {
+        return Ok(Tools {
+            listed: None,
+            parallel,
+        });
+    };
+    let Value::Array(list) = raw else {
+        return Err(ApiError::invalid("tools", "'tools' must be a list"));
+    };
+    let mut names = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let name = tool(i, t)?;
+        if names.contains(&name) {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.name"),
+                format!("two tools are named {name:?}"),
+            ));
+        }
+        names.push(name);
+    }
+    let offered = !list.is_empty() && f.raw("tool_choice").and_then(Value::as_str) != Some("none");
+    Ok(Tools {
+        listed: offered.then(|| raw.to_string()),
+        parallel,
+    })
+}
+
+/// Checks `tools[i]`, a function tool; returns its name.
+fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
+    let at = |k: &str| format!("tools[{i}]{k}");
+    let Value::Object(o) = t else {
+        return Err(ApiError::invalid(at(""), "each tool must be an object"));
+    };
+    only_fields(o, &["type", "function"], &at)?;
+    if o.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(ApiError::invalid(
+            at(".type"),
+            "the only tool type is \"function\"",
+        ));
+    }
+    let Some(Value::Object(func)) = o.get("function") else {
+        return Err(ApiError::invalid(
+            at(".function"),
+            "a function tool needs a 'function' object",
+        ));
+    };
+    let at = |k: &str| format!("tools[{i}].function{k}");
+    only_fields(func, &["name", "description", "parameters", "strict"], &at)?;
+    let name = match func.get("name") {
+        Some(Value::String(n))
+            if (1..=64).contains(&n.len())
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+        {
+            n.clone()
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                at(".name"),
+                "a function's name must be 1 to 64 letters, digits, '_' or '-'",
+            ))
+        }
+    };
+    if !matches!(func.get("description"), None | Some(Value::String(_))) {
+        return Err(ApiError::invalid(at(".description"), "must be a string"));
+    }
+    if !matches!(func.get("parameters"), None | Some(Value::Object(_))) {
+        return Err(ApiError::invalid(
+            at(".parameters"),
+            "must be a JSON Schema object",
+        ));
+    }
+    match func.get("strict") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                at(".strict"),
+                "strict schemas are not supported: deltafin never constrains sampling",
+            )
+            .code("unsupported_parameter"))
+        }
+    }
+    Ok(name)
+}
+
+/// Rejects keys of `o` outside `known`, naming the first.
+fn only_fields(
+    o: &Map<String, Value>,
+    known: &[&str],
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), ApiError> {
+    match o.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(
+            ApiError::invalid(at(&format!(".{k}")), format!("Unrecognized field: {k}"))
+                .code("unknown_parameter"),
+        ),
+        None => Ok(()),
+    }
 }
 
 fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
@@ -329,10 +460,9 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     };
     for (k, v) in o {
         match k.as_str() {
-            "role" | "content" | "name" | "reasoning_content" => {}
-            "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal"
-                if v.is_null() => {}
-            "tool_calls" | "tool_call_id" | "function_call" | "audio" => {
+            "role" | "content" | "name" | "reasoning_content" | "tool_calls" | "tool_call_id" => {}
+            "function_call" | "audio" | "refusal" if v.is_null() => {}
+            "function_call" | "audio" => {
                 return Err(
                     ApiError::invalid(at(k), format!("'{k}' is not supported by deltafin"))
                         .code("unsupported_parameter"),
@@ -350,13 +480,11 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         Some("system" | "developer") => Role::System,
         Some("user") => Role::User,
         Some("assistant") => Role::Assistant,
+        Some("tool") => Role::Tool,
         Some(other) => {
-            return Err(ApiError::invalid(
-                at("role"),
-                format!(
-                    "role {other:?} is not supported; use system, developer, user or assistant"
-                ),
-            ))
+            let roles = "system, developer, user, assistant or tool";
+            let what = format!("role {other:?} is not supported; use {roles}");
+            return Err(ApiError::invalid(at("role"), what));
         }
         None => {
             return Err(ApiError::invalid(
@@ -398,10 +526,66 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             Some(_) => Err(ApiError::invalid(at(k), format!("'{k}' must be a string"))),
         }
     };
+    let tool_call_id = string("tool_call_id")?;
+    if (role == Role::Tool) != tool_call_id.is_some() {
+        return Err(ApiError::invalid(
+            at("tool_call_id"),
+            "a tool message needs the 'tool_call_id' it answers, and only tool messages have one",
+        ));
+    }
+    let tool_calls = match o.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) if role == Role::Assistant => calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| tool_call(&format!("messages[{i}].tool_calls[{j}]"), c))
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                at("tool_calls"),
+                "'tool_calls' must be a list, on an assistant message",
+            ))
+        }
+    };
     Ok(ChatMessage {
         name: string("name")?,
         reasoning: string("reasoning_content")?,
+        tool_calls,
+        tool_call_id,
         ..ChatMessage::new(role, content)
+    })
+}
+
+/// An assistant message's earlier call: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+fn tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
+    let field = |k: &str| format!("{at}.{k}");
+    let Value::Object(o) = c else {
+        return Err(ApiError::invalid(at, "each tool call must be an object"));
+    };
+    only_fields(o, &["id", "type", "function"], &|k| format!("{at}{k}"))?;
+    if o.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(ApiError::invalid(
+            field("type"),
+            "the only tool call type is \"function\"",
+        ));
+    }
+    let Some(Value::Object(func)) = o.get("function") else {
+        return Err(ApiError::invalid(
+            field("function"),
+            "a tool call needs a 'function' object",
+        ));
+    };
+    only_fields(func, &["name", "arguments"], &|k| {
+        format!("{at}.function{k}")
+    })?;
+    let text = |v: Option<&Value>, k: &str| match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        _ => Err(ApiError::invalid(k, "must be a string")),
+    };
+    Ok(ToolCall {
+        id: text(o.get("id"), &field("id"))?,
+        name: text(func.get("name"), &field("function.name"))?,
+        arguments: text(func.get("arguments"), &field("function.arguments"))?,
     })
 }
 

@@ -13,6 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deltafin_engine::{Job, Rejected, Request};
+use deltafin_tokenizer::chat::{k3_tools_message, ToolCall};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -143,12 +144,17 @@ fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, 
             format!("this model cannot chat: {e}; use /v1/completions"),
         )
     })?;
-    let prompt = req.effort.render(&s.tokenizer, &req.messages);
+    let mut messages = req.messages;
+    if let Some(listed) = &req.tools.listed {
+        messages.insert(0, k3_tools_message(listed));
+    }
+    let prompt = req.effort.render(&s.tokenizer, &messages);
     let (tx, rx) = unbounded_channel();
     let sink = ChannelSink::chat(
         s.tokenizer.clone(),
         markup,
         req.effort,
+        &req.tools,
         &req.common.stop,
         s.stop_ids.clone(),
         tx,
@@ -289,8 +295,10 @@ fn submit(
 /// receiver, which cancels the job.
 async fn collect(mut p: Planned) -> Result<Response, ApiError> {
     let (mut reasoning, mut content, mut logprobs) = (String::new(), String::new(), Vec::new());
+    let mut calls = Vec::new();
     loop {
         match p.rx.recv().await {
+            Some(Msg::ToolCall { index, call }) => calls.push(tool_call_json(index, &call)),
             Some(Msg::Delta {
                 reasoning: r,
                 content: c,
@@ -311,6 +319,13 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
                         json!({"role": "assistant", "content": content, "refusal": null});
                     if !reasoning.is_empty() {
                         message["reasoning_content"] = json!(reasoning);
+                    }
+                    if !calls.is_empty() {
+                        // OpenAI's shape: no text beside the calls is null content.
+                        if content.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = Value::Array(std::mem::take(&mut calls));
                     }
                     json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_reason})
                 } else {
@@ -334,6 +349,17 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
             }
         }
     }
+}
+
+/// The `index`-th tool call of a reply as OpenAI gives it; the id is the model's, or `call_INDEX` when it
+/// wrote none.
+fn tool_call_json(index: usize, call: &ToolCall) -> Value {
+    let id = if call.id.is_empty() {
+        format!("call_{index}")
+    } else {
+        call.id.clone()
+    };
+    json!({"id": id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
 }
 
 fn generation_error(message: String) -> ApiError {
@@ -455,6 +481,14 @@ impl EventStream {
                     self.pending.push_back(e);
                 }
             }
+            Some(Msg::ToolCall { index, call }) => {
+                // A call comes whole, in one chunk; streams number it.
+                let mut c = tool_call_json(index, &call);
+                c["index"] = json!(index);
+                let delta = json!({"tool_calls": [c]});
+                let e = self.chunk(delta, None, None);
+                self.pending.push_back(e);
+            }
             Some(Msg::Done {
                 finish_reason,
                 usage,
@@ -513,5 +547,108 @@ impl tokio_stream::Stream for EventStream {
                 Poll::Pending => return Poll::Pending,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc::UnboundedSender;
+
+    /// A chat answer planned over a channel the test writes: a sentence, two calls, the end.
+    fn planned(stream: bool) -> (Planned, UnboundedSender<Msg>) {
+        let (tx, rx) = unbounded_channel();
+        let format = Format {
+            chat: true,
+            id: "chatcmpl-t".into(),
+            created: 0,
+            model: "m".into(),
+            include_usage: false,
+            logprobs: false,
+        };
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let content = |c: &str| Msg::Delta {
+            reasoning: String::new(),
+            content: c.into(),
+            logprobs: Vec::new(),
+        };
+        for m in [
+            content(""),
+            Msg::ToolCall {
+                index: 0,
+                call: call("c1", "weather"),
+            },
+            Msg::ToolCall {
+                index: 1,
+                call: call("", "time"),
+            },
+            Msg::Done {
+                finish_reason: "tool_calls",
+                usage: Usage::default(),
+            },
+        ] {
+            tx.send(m).unwrap();
+        }
+        let p = Planned {
+            rx,
+            keep_alive: std::time::Duration::from_secs(60),
+            format,
+            stream,
+        };
+        (p, tx)
+    }
+
+    async fn body(r: Response) -> String {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_plain_answer_lists_the_calls_with_null_content() {
+        let (p, _tx) = planned(false);
+        let v: Value = serde_json::from_str(&body(respond(Ok(p)).await).await).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["content"], Value::Null);
+        assert_eq!(
+            choice["message"]["tool_calls"],
+            json!([
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}},
+                {"id": "call_1", "type": "function", "function": {"name": "time", "arguments": "{}"}},
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_sends_each_call_whole_with_its_index() {
+        let (p, tx) = planned(true);
+        drop(tx);
+        let text = body(respond(Ok(p)).await).await;
+        let chunks: Vec<Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let calls: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                &json!([{"index": 0, "id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]),
+                &json!([{"index": 1, "id": "call_1", "type": "function", "function": {"name": "time", "arguments": "{}"}}]),
+            ]
+        );
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+        assert!(text.trim_end().ends_with("data: [DONE]"));
     }
 }

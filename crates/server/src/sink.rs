@@ -3,9 +3,10 @@
 //! sent, and whole characters go over an unbounded channel. A dropped receiver (the client went away) reads
 //! as cancellation, so the worker drops the job before its next pass.
 
+use crate::api::Tools;
 use crate::chat::{Markup, ReasoningEffort};
 use deltafin_engine::{FinishReason, Finished, Flow, Sink, StopMatcher, TokenLogprob};
-use deltafin_tokenizer::chat::{ReplyEvent, ReplyParser};
+use deltafin_tokenizer::chat::{ReplyEvent, ReplyParser, ToolCall};
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
@@ -25,6 +26,11 @@ pub enum Msg {
         reasoning: String,
         content: String,
         logprobs: Vec<LogprobItem>,
+    },
+    /// A complete tool call the reply made (the `index`-th).
+    ToolCall {
+        index: usize,
+        call: ToolCall,
     },
     Done {
         finish_reason: &'static str,
@@ -66,9 +72,9 @@ impl TextOut {
 }
 
 pub enum Mode {
-    /// Chat: a reply parser splits reasoning from content (it reads K3's markup tokens; other special
-    /// tokens are dropped); logprobs cover content tokens.
-    Chat(ReplyParser, Markup),
+    /// Chat: a reply parser splits reasoning from content and tool calls (it reads K3's markup tokens;
+    /// other special tokens are dropped); logprobs cover content tokens.
+    Chat(ReplyParser, Markup, Tools),
     /// Raw completion: every token is text but special ones.
     Completion,
 }
@@ -83,6 +89,17 @@ pub struct ChannelSink {
     content: TextOut,
     hit_stop: bool,
     reasoning_tokens: usize,
+    tool_calls: usize,
+}
+
+/// What one batch of reply events comes to on the channels.
+#[derive(Default)]
+struct Routed {
+    reasoning: String,
+    content: String,
+    calls: Vec<ToolCall>,
+    /// A stop string was hit, or the first call of a reply that may make only one is complete.
+    stopped: bool,
 }
 
 impl ChannelSink {
@@ -90,13 +107,14 @@ impl ChannelSink {
         tokenizer: Arc<Tokenizer>,
         markup: &Markup,
         effort: ReasoningEffort,
+        tools: &Tools,
         stops: &[String],
         stop_ids: Vec<u32>,
         tx: UnboundedSender<Msg>,
     ) -> ChannelSink {
         ChannelSink::new(
             tokenizer,
-            Mode::Chat(effort.reply_parser(), markup.clone()),
+            Mode::Chat(effort.reply_parser(), markup.clone(), tools.clone()),
             stops,
             stop_ids,
             tx,
@@ -129,34 +147,60 @@ impl ChannelSink {
             content: TextOut::new(stops),
             hit_stop: false,
             reasoning_tokens: 0,
+            tool_calls: 0,
         }
     }
 
-    /// Runs reply events through the channels' stop strings: (reasoning, content, stop string hit).
-    fn route(&mut self, events: Vec<ReplyEvent>) -> (String, String, bool) {
-        let (mut reasoning, mut content) = (String::new(), String::new());
+    /// Runs reply events through the channels' stop strings, and passes on tool calls when tools were
+    /// offered (otherwise a call the model writes anyway is dropped).
+    fn route(&mut self, events: Vec<ReplyEvent>) -> Routed {
+        let mut out = Routed::default();
         for event in events {
-            let stopped = match event {
+            match event {
                 ReplyEvent::Reasoning(t) => {
                     let (text, stopped) = self.reasoning.push(&t);
-                    reasoning.push_str(&text);
-                    stopped
+                    out.reasoning.push_str(&text);
+                    out.stopped = stopped;
                 }
                 ReplyEvent::Content(t) => {
                     // Reasoning held back for a possible stop string is complete once the answer starts.
-                    reasoning.push_str(&self.reasoning.finish());
+                    out.reasoning.push_str(&self.reasoning.finish());
                     let (text, stopped) = self.content.push(&t);
-                    content.push_str(&text);
-                    stopped
+                    out.content.push_str(&text);
+                    out.stopped = stopped;
                 }
-                // The API offers no tools, so a tool call the model writes anyway is not passed on.
-                ReplyEvent::ToolCall(_) => false,
-            };
-            if stopped {
-                return (reasoning, content, true);
+                ReplyEvent::ToolCall(call) => {
+                    if let Mode::Chat(_, _, tools) = &self.mode {
+                        if tools.listed.is_some() {
+                            out.calls.push(call);
+                            out.stopped = !tools.parallel;
+                        }
+                    }
+                }
+            }
+            if out.stopped {
+                break;
             }
         }
-        (reasoning, content, false)
+        out
+    }
+
+    /// Sends what `route` gave: text first, then the calls, numbered across the reply.
+    fn send(&mut self, r: Routed, logprobs: Vec<LogprobItem>) {
+        if !r.reasoning.is_empty() || !r.content.is_empty() || !logprobs.is_empty() {
+            let _ = self.tx.send(Msg::Delta {
+                reasoning: r.reasoning,
+                content: r.content,
+                logprobs,
+            });
+        }
+        for call in r.calls {
+            let _ = self.tx.send(Msg::ToolCall {
+                index: self.tool_calls,
+                call,
+            });
+            self.tool_calls += 1;
+        }
     }
 
     fn token_text(&self, id: u32) -> (String, Vec<u8>) {
@@ -189,7 +233,7 @@ impl Sink for ChannelSink {
         }
         // Special tokens are structure, not text (chat's parser reads K3's markup ones).
         let dropped = self.tokenizer.special_name(token).is_some()
-            && !matches!(&self.mode, Mode::Chat(_, markup) if markup.contains(token));
+            && !matches!(&self.mode, Mode::Chat(_, markup, _) if markup.contains(token));
         let text = if dropped {
             String::new()
         } else {
@@ -205,7 +249,7 @@ impl Sink for ChannelSink {
             }
         };
         let (in_reasoning, events) = match &mut self.mode {
-            Mode::Chat(parser, _) => (parser.in_reasoning(), parser.push(&text)),
+            Mode::Chat(parser, ..) => (parser.in_reasoning(), parser.push(&text)),
             Mode::Completion => (false, vec![ReplyEvent::Content(text)]),
         };
         let mut logprobs = Vec::new();
@@ -214,14 +258,9 @@ impl Sink for ChannelSink {
         } else if let Some(lp) = &logprob {
             logprobs.push(self.logprob_item(lp));
         }
-        let (reasoning, content, stopped) = self.route(events);
-        if !reasoning.is_empty() || !content.is_empty() || !logprobs.is_empty() {
-            let _ = self.tx.send(Msg::Delta {
-                reasoning,
-                content,
-                logprobs,
-            });
-        }
+        let routed = self.route(events);
+        let stopped = routed.stopped;
+        self.send(routed, logprobs);
         if stopped {
             self.hit_stop = true;
             return Flow::Stop;
@@ -243,22 +282,17 @@ impl Sink for ChannelSink {
         if !self.hit_stop {
             let rest = self.decoder.finish();
             let events = match &mut self.mode {
-                Mode::Chat(parser, _) => parser.finish(&rest),
+                Mode::Chat(parser, ..) => parser.finish(&rest),
                 Mode::Completion => vec![ReplyEvent::Content(rest)],
             };
-            let (mut reasoning, mut content, _) = self.route(events);
-            reasoning.push_str(&self.reasoning.finish());
-            content.push_str(&self.content.finish());
-            if !reasoning.is_empty() || !content.is_empty() {
-                let _ = self.tx.send(Msg::Delta {
-                    reasoning,
-                    content,
-                    logprobs: Vec::new(),
-                });
-            }
+            let mut routed = self.route(events);
+            routed.reasoning.push_str(&self.reasoning.finish());
+            routed.content.push_str(&self.content.finish());
+            self.send(routed, Vec::new());
         }
         let finish_reason = match f.reason {
             FinishReason::Length => "length",
+            _ if self.tool_calls > 0 => "tool_calls",
             FinishReason::StopToken | FinishReason::Caller => "stop",
         };
         let _ = self.tx.send(Msg::Done {
@@ -274,5 +308,132 @@ impl Sink for ChannelSink {
 
     fn cancelled(&self) -> bool {
         self.tx.is_closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_tokenizer::chat::{K3_MESSAGE_CLOSE, K3_RESPONSE_CLOSE};
+    use deltafin_tokenizer::{builtin_corpus, train_bpe, write_tiktoken_files, Piece};
+    use tokio::sync::mpsc::unbounded_channel;
+
+    /// Feeds a reply that says "Checking." and calls two tools to a chat sink (reasoning_effort none, so
+    /// the reply starts in content); returns what reached the channel and whether the sink stopped early.
+    fn reply_with_two_calls(tools: Tools) -> (Vec<Msg>, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        write_tiktoken_files(dir.path(), &train_bpe(builtin_corpus(), 300)).unwrap();
+        let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+        let call = |header: &str, args: &str| {
+            [
+                Piece::Template(format!("<|open|>tool_call {header}<|sep|>")),
+                Piece::Text(args.into()),
+                Piece::Template("<|close|>tool_call<|sep|>".into()),
+            ]
+        };
+        let mut reply = vec![
+            Piece::Text("Checking.".into()),
+            Piece::Template(K3_RESPONSE_CLOSE.into()),
+        ];
+        reply.extend(call(r#"id="c1" name="weather""#, r#"{"city":"Paris"}"#));
+        reply.extend(call(r#"id="" name="time""#, "{}"));
+        reply.push(Piece::Template(K3_MESSAGE_CLOSE.into()));
+        let (tx, mut rx) = unbounded_channel();
+        let markup = Markup::new(&tok).unwrap();
+        let mut sink = ChannelSink::chat(
+            tok.clone(),
+            &markup,
+            ReasoningEffort::None,
+            &tools,
+            &[],
+            Vec::new(),
+            tx,
+        );
+        let ids = tok.encode_pieces(&reply);
+        let early = ids
+            .iter()
+            .any(|&id| matches!(sink.token(id, None), Flow::Stop));
+        sink.finished(Ok(Finished {
+            reason: if early {
+                FinishReason::Caller
+            } else {
+                FinishReason::StopToken
+            },
+            prompt_tokens: 1,
+            cached_tokens: 0,
+            completion_tokens: ids.len(),
+            prefill_secs: 0.0,
+            decode_secs: 0.0,
+        }));
+        let mut msgs = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            msgs.push(m);
+        }
+        (msgs, early)
+    }
+
+    fn summary(msgs: &[Msg]) -> (String, Vec<(usize, ToolCall)>, &'static str) {
+        let mut content = String::new();
+        let mut calls = Vec::new();
+        let mut finish = "";
+        for m in msgs {
+            match m {
+                Msg::Delta { content: c, .. } => content.push_str(c),
+                Msg::ToolCall { index, call } => calls.push((*index, call.clone())),
+                Msg::Done { finish_reason, .. } => finish = finish_reason,
+                Msg::Error(e) => panic!("error: {e}"),
+            }
+        }
+        (content, calls, finish)
+    }
+
+    fn offered(parallel: bool) -> Tools {
+        Tools {
+            listed: Some("[]".into()),
+            parallel,
+        }
+    }
+
+    #[test]
+    fn calls_are_passed_on_numbered_and_end_with_tool_calls() {
+        let (msgs, early) = reply_with_two_calls(offered(true));
+        let (content, calls, finish) = summary(&msgs);
+        assert!(!early);
+        assert_eq!(content, "Checking.");
+        let want = |id: &str, name: &str, arguments: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        };
+        assert_eq!(
+            calls,
+            [
+                (0, want("c1", "weather", r#"{"city":"Paris"}"#)),
+                (1, want("", "time", "{}"))
+            ]
+        );
+        assert_eq!(finish, "tool_calls");
+    }
+
+    #[test]
+    fn without_parallel_calls_the_reply_ends_after_its_first() {
+        let (msgs, early) = reply_with_two_calls(offered(false));
+        let (_, calls, finish) = summary(&msgs);
+        assert!(early, "the sink must stop the generation");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].1.name, "weather");
+        assert_eq!(finish, "tool_calls");
+    }
+
+    #[test]
+    fn calls_are_dropped_when_no_tools_were_offered() {
+        let (msgs, _) = reply_with_two_calls(Tools {
+            listed: None,
+            parallel: true,
+        });
+        let (content, calls, finish) = summary(&msgs);
+        assert_eq!(content, "Checking.");
+        assert!(calls.is_empty());
+        assert_eq!(finish, "stop");
     }
 }

@@ -150,7 +150,30 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
         (json!({"temperature": 3}), "temperature"),
         (json!({"top_p": 0}), "top_p"),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
-        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"tools": [{"type": "function"}]}),
+            "tools[0].function",
+        ),
+        (json!({"tools": {"type": "function"}}), "tools"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "strict": true}}]}),
+            "tools[0].function.strict",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "colour": 1}}]}),
+            "tools[0].function.colour",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]}),
+            "tools[1].function.name",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"parallel_tool_calls": "yes"}), "parallel_tool_calls"),
+        (json!({"functions": [{"name": "f"}]}), "functions"),
         (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"presence_penalty": 9}), "presence_penalty"),
         (json!({"max_tokens": 0}), "max_tokens"),
@@ -168,8 +191,24 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
             "messages[0].colour",
         ),
         (
-            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            json!({"messages": [{"role": "critic", "content": "x"}]}),
             "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+            "messages[0].tool_calls",
         ),
         (json!({"max_tokens": 1_000_000}), "messages"),
     ];
@@ -203,6 +242,10 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
     assert_eq!(wrong_model.status, 404);
     for (extra, param) in [
         (json!({"echo": true}), "echo"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
         (json!({"logprobs": 9}), "logprobs"),
         (json!({"prompt": [[1], [2]]}), "prompt"),
     ] {
@@ -218,6 +261,45 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
             r.body
         );
     }
+}
+
+#[test]
+fn tools_are_offered_in_the_prompt_and_tool_history_is_accepted() {
+    let s = start(config());
+    let weather = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }}]);
+    let history = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_7", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "18 C, sunny"},
+    ]);
+    let prompt_tokens = |extra: Value| {
+        let r = post(s.addr, "/v1/chat/completions", &chat_body(extra));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        // This random model writes no calls: the answer is plain content.
+        assert!(
+            v["choices"][0]["message"].get("tool_calls").is_none(),
+            "{v}"
+        );
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let plain = prompt_tokens(json!({"messages": history}));
+    let offered =
+        prompt_tokens(json!({"messages": history, "tools": weather, "parallel_tool_calls": false}));
+    let auto = prompt_tokens(json!({"messages": history, "tools": weather, "tool_choice": "auto"}));
+    let declined =
+        prompt_tokens(json!({"messages": history, "tools": weather, "tool_choice": "none"}));
+    // The tools message holds the schemas' JSON; "none" leaves the model uninformed of them.
+    assert!(offered > plain + 20, "{offered} vs {plain}");
+    assert_eq!(auto, offered);
+    assert_eq!(declined, plain);
+    // The history's call and result are in the prompt: it is longer than the question alone.
+    let question = prompt_tokens(json!({"messages": [history[0].clone()]}));
+    assert!(plain > question + 10, "{plain} vs {question}");
 }
 
 #[test]

@@ -18,6 +18,8 @@
 //! - the response block [`K3_RESPONSE_OPEN`] … [`K3_RESPONSE_CLOSE`] around the answer;
 //! - tool calls: `<|open|>tool_call id="ID" name="NAME"<|sep|>ARGUMENTS<|close|>tool_call<|sep|>` after
 //!   the response block ([`K3_TOOL_CALL_OPEN`], [`K3_TOOL_CALL_CLOSE`]);
+//! - the tools the model may call: a system message named [`K3_TOOLS_NAME`] whose text is their JSON list
+//!   (OpenAI's tool objects), before the conversation ([`k3_tools_message`]);
 //! - assistant history always carries its think block, empty when the reasoning is unknown, so earlier
 //!   turns look like what the model itself produced.
 //!
@@ -56,6 +58,17 @@ pub const K3_TOOL_CALL_CLOSE: &str = "<|close|>tool_call<|sep|>";
 /// What the prompt ends with when the model is to answer: an assistant message with an open think block.
 pub const K3_GENERATION_PROMPT: &str =
     "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+/// Our choice: the `name` attribute of the system message that lists the callable tools.
+pub const K3_TOOLS_NAME: &str = "tools";
+
+/// The system message that offers `tools_json` (a JSON list of tool objects) to the model.
+pub fn k3_tools_message(tools_json: &str) -> ChatMessage {
+    ChatMessage {
+        name: Some(K3_TOOLS_NAME.to_string()),
+        ..ChatMessage::system(tools_json)
+    }
+}
+
 /// Our choice: the `name` attribute of the thinking-effort system message.
 pub const K3_EFFORT_NAME: &str = "thinking_effort";
 

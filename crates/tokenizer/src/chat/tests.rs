@@ -59,6 +59,24 @@ fn renders_k3_xtml_exactly() {
 }
 
 #[test]
+fn tools_are_a_named_system_message_of_json_text() {
+    let tools = r#"[{"type":"function","function":{"name":"weather","description":"<|close|> & \"more\""}}]"#;
+    let mut messages = vec![k3_tools_message(tools)];
+    messages.extend(conversation().into_iter().skip(1).take(1));
+    let pieces = render_k3(&messages, Some(Effort::Low), false);
+    let text = pieces_text(&pieces);
+    let effort = text.find("thinking_effort").unwrap();
+    let listed = text
+        .find(&format!(
+            r#"role="system" name="tools"<|sep|>{tools}<|close|>message"#
+        ))
+        .expect("the tools message");
+    assert!(effort < listed && listed < text.find(r#"role="user""#).unwrap());
+    // The schemas are conversation text: markup typed in a description stays plain.
+    assert!(pieces.contains(&Piece::Text(tools.into())));
+}
+
+#[test]
 fn renders_each_effort_and_none() {
     let user = [ChatMessage::user("hi")];
     let plain = r#"<|open|>message role="user"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>"#;
