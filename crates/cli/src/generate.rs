@@ -14,6 +14,7 @@ use deltafin_tokenizer::chat::ChatMessage;
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Loads the model on `dev` and generates. On a GPU, `probe` first measures its copy bandwidths, and a
@@ -120,14 +121,15 @@ fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs
     let mut failure = None;
     // The drafter is small: it runs on the CPU whatever the model runs on.
     let drafter = match &args.draft {
-        Some(d) => Some(progress::while_busy("loading the drafter", || {
-            Model::load(d)
-        })?),
+        Some(d) => Some(Arc::new(progress::while_busy(
+            "loading the drafter",
+            || Model::load(d),
+        )?)),
         None => None,
     };
     let mut draft = drafter
         .as_ref()
-        .map(|d| Draft::new(d, model, args.draft_tokens))
+        .map(|d| Draft::new(d.clone(), model, args.draft_tokens))
         .transpose()?;
     let on_token = |token: u32, logits: &[f32]| {
         prefill.finish_and_clear();

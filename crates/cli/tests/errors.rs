@@ -212,6 +212,24 @@ fn out_of_vocabulary_prompt_and_missing_directory() {
 }
 
 #[test]
+fn serve_refuses_a_drafter_it_cannot_load_before_listening() {
+    let t = tiny(Arch::KimiK3, 0);
+    let out = bin()
+        .args(["serve", "--port", "0", "--model"])
+        .arg(model_dir(&t))
+        .arg("--draft")
+        .arg(t.path().join("no-drafter"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("loading the drafter") && stderr.contains("no-drafter"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
     if deltafin_cuda::availability().is_ok() {
         // A GPU machine: there these commands run (tools/cuda/verify.sh checks them).

@@ -20,7 +20,7 @@ pub use generation::{Generation, Resume, Snapshot};
 pub use logprobs::{logprobs, TokenLogprob};
 pub use prefix_cache::PrefixCache;
 pub use sampler::{Sampler, SamplingParams};
-pub use scheduler::{Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
+pub use scheduler::{Drafter, Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
 pub use speculative::Draft;
 pub use stop::StopMatcher;
 

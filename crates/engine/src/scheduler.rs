@@ -3,10 +3,10 @@
 //! active job — a prefill chunk or one token — so a long prompt or a long answer cannot starve the others.
 //! Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its session.
 //! Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends one resumes
-//! there.
+//! there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged).
 
-use crate::{logprobs, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob};
-use deltafin_models::{Backend, Stats};
+use crate::{logprobs, Draft, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob};
+use deltafin_models::{Backend, Model, Stats};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +24,22 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Memory for reusable conversation state (0 turns prefix reuse off).
     pub prefix_cache_bytes: usize,
+    /// Speculative decoding for every job.
+    pub drafter: Option<Drafter>,
+}
+
+/// A small model sharing the served model's tokenizer; it runs on the CPU whatever the model runs on, and
+/// guesses up to `tokens` tokens per pass of the model (each job has its own session of it).
+#[derive(Clone)]
+pub struct Drafter {
+    pub model: Arc<Model>,
+    pub tokens: usize,
+}
+
+impl std::fmt::Debug for Drafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Drafter {{ tokens: {} }}", self.tokens)
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -33,6 +49,7 @@ impl Default for SchedulerConfig {
             queue_capacity: 16,
             prefill_chunk: 256,
             prefix_cache_bytes: 1 << 30,
+            drafter: None,
         }
     }
 }
@@ -104,6 +121,9 @@ pub struct Counters {
     pub prefix_cache_bytes: AtomicU64,
     pub prefix_cache_hits: AtomicU64,
     pub prefix_cache_misses: AtomicU64,
+    /// Tokens the drafter guessed, and those the model's own choice matched.
+    pub draft_proposed: AtomicU64,
+    pub draft_accepted: AtomicU64,
 }
 
 struct Queue {
@@ -229,6 +249,7 @@ impl Drop for Scheduler {
 struct Active<B: Backend> {
     job: Job,
     gen: Generation<B>,
+    draft: Option<Draft<Model>>,
 }
 
 enum Outcome {
@@ -347,8 +368,15 @@ impl<B: Backend> Worker<B> {
             self.cache.lookup(&*self.model, &job.request.prompt)
         };
         self.publish_cache();
-        match resume.and_then(|r| Generation::new(&*self.model, &job.request, r)) {
-            Ok(gen) => Some(Active { job, gen }),
+        let draft = match &self.shared.cfg.drafter {
+            Some(d) => Draft::new(d.model.clone(), &*self.model, d.tokens).map(Some),
+            None => Ok(None),
+        };
+        let started = resume
+            .and_then(|r| Generation::new(&*self.model, &job.request, r))
+            .and_then(|gen| Ok((gen, draft?)));
+        match started {
+            Ok((gen, draft)) => Some(Active { job, gen, draft }),
             Err(e) => {
                 self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
                 job.sink.finished(Err(format!("{e:#}")));
@@ -367,15 +395,27 @@ impl<B: Backend> Worker<B> {
         let was_prefilled = a.gen.prefilled();
         let t0 = Instant::now();
         let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
-        let step = a.gen.step(
+        let on_token = |token: u32, logits: &[f32]| {
+            c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+            sink.token(token, top.map(|n| logprobs(logits, token, n)))
+        };
+        let (model, stats, chunk) = (
             &*self.model,
             &self.shared.stats,
             self.shared.cfg.prefill_chunk,
-            |token, logits| {
-                c.completion_tokens.fetch_add(1, Ordering::Relaxed);
-                sink.token(token, top.map(|n| logprobs(logits, token, n)))
-            },
         );
+        let step = match &mut a.draft {
+            Some(d) => {
+                let before = (d.proposed, d.accepted);
+                let step = a.gen.step_speculative(model, d, stats, chunk, on_token);
+                c.draft_proposed
+                    .fetch_add(d.proposed - before.0, Ordering::Relaxed);
+                c.draft_accepted
+                    .fetch_add(d.accepted - before.1, Ordering::Relaxed);
+                step
+            }
+            None => a.gen.step(model, stats, chunk, on_token),
+        };
         let ns = t0.elapsed().as_nanos() as u64;
         if was_prefilled {
             &c.decode_ns

@@ -5,12 +5,13 @@
 use crate::sampler::argmax;
 use anyhow::{bail, Result};
 use deltafin_models::{Backend, LogitRows, Stats};
+use std::sync::Arc;
 
 /// Plain steps after guesses of a single token kept failing.
 const PAUSE_STEPS: usize = 8;
 
-pub struct Draft<'m, D: Backend> {
-    model: &'m D,
+pub struct Draft<D: Backend> {
+    model: Arc<D>,
     session: D::Session,
     /// Tokens the session has consumed: always a prefix of the target's history.
     consumed: Vec<u32>,
@@ -30,15 +31,15 @@ pub struct Draft<'m, D: Backend> {
     pub stats: Stats,
 }
 
-impl<'m, D: Backend> Draft<'m, D> {
-    pub fn new(drafter: &'m D, target: &impl Backend, k: usize) -> Result<Draft<'m, D>> {
+impl<D: Backend> Draft<D> {
+    pub fn new(drafter: Arc<D>, target: &impl Backend, k: usize) -> Result<Draft<D>> {
         let (dv, tv) = (drafter.config().vocab_size, target.config().vocab_size);
         if dv != tv {
             bail!("the drafter's vocabulary has {dv} tokens, the model's {tv}; a drafter must share the model's tokenizer");
         }
         Ok(Draft {
-            model: drafter,
             session: drafter.new_session()?,
+            model: drafter,
             consumed: Vec::new(),
             k,
             proposed: 0,

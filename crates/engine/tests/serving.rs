@@ -265,6 +265,7 @@ fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
             queue_capacity: 0,
             prefill_chunk: 4,
             prefix_cache_bytes: 0,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -316,6 +317,7 @@ fn a_cancelled_job_is_dropped_and_the_next_resumes_from_the_cache() {
             queue_capacity: 4,
             prefill_chunk: 256,
             prefix_cache_bytes: 64 << 20,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -379,7 +381,7 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
     let m: &Model = model();
     let dir = tempfile::tempdir().unwrap();
     make_model(Arch::KimiK3, Preset::Tiny, 1, dir.path()).unwrap();
-    let other = Model::load(dir.path()).unwrap();
+    let other = Arc::new(Model::load(dir.path()).unwrap());
     let plain = drive(
         m,
         Generation::new(m, &request(&PROMPT, 20, 0.0), None).unwrap(),
@@ -391,9 +393,9 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
         req.stop_ids = vec![plain.0[6]];
         let (a_tokens, a_logits, a) = drive(m, Generation::new(m, &req, None).unwrap(), 256);
         // A drafter that is always right (the model itself) and one that is mostly wrong.
-        for drafter in [m, &other] {
+        for drafter in [model(), &other] {
             for k in [1, 3, 8] {
-                let mut draft = Draft::new(drafter, m, k).unwrap();
+                let mut draft = Draft::new(drafter.clone(), m, k).unwrap();
                 let (b_tokens, b_logits, b) =
                     drive_speculative(m, &mut draft, Generation::new(m, &req, None).unwrap());
                 assert_eq!(a_tokens, b_tokens, "t={temperature} k={k}");
@@ -409,7 +411,7 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
                 let next_a = m.forward(&mut sa, &[7], rows, &stats).unwrap();
                 let next_b = m.forward(&mut sb, &[7], rows, &stats).unwrap();
                 assert!(next_a == next_b);
-                if std::ptr::eq(drafter, m) && temperature == 0.0 {
+                if Arc::ptr_eq(drafter, model()) && temperature == 0.0 {
                     assert_eq!(draft.acceptance(), 1.0, "the model agrees with itself");
                 }
             }

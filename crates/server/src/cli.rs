@@ -3,8 +3,8 @@
 use crate::{serve, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltafin_engine::SchedulerConfig;
-use deltafin_models::Backend;
+use deltafin_engine::{Drafter, SchedulerConfig};
+use deltafin_models::{Backend, Model};
 use deltafin_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,6 +53,13 @@ pub struct ServeArgs {
     /// After SIGTERM, seconds in-flight requests may take before they are ended.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// Speculative decoding: this small model (sharing the tokenizer; on the CPU) guesses the next tokens
+    /// of every generation and the model checks them in one pass. Replies are exactly those without it.
+    #[arg(long, value_name = "DIR")]
+    pub draft: Option<PathBuf>,
+    /// Tokens the drafter guesses per pass of the model.
+    #[arg(long, default_value_t = 4, requires = "draft")]
+    pub draft_tokens: usize,
 }
 
 /// `load` opens the checkpoint directory on the backend the caller chose (the CLI's device and store flags).
@@ -65,6 +72,13 @@ pub fn run<B: Backend + 'static>(
     }
     let model = Arc::new(load(&a.model)?);
     let tokenizer = Arc::new(Tokenizer::from_dir(&a.model)?);
+    let drafter = match &a.draft {
+        Some(dir) => Some(Drafter {
+            model: Arc::new(drafter(dir, &*model)?),
+            tokens: a.draft_tokens,
+        }),
+        None => None,
+    };
     let name = match a.served_model_name {
         Some(n) => n,
         None => a
@@ -83,6 +97,7 @@ pub fn run<B: Backend + 'static>(
             queue_capacity: a.queue,
             prefill_chunk: a.prefill_chunk,
             prefix_cache_bytes: a.prefix_cache_mb << 20,
+            drafter,
         },
         max_context: a.max_context,
         default_max_tokens: a.default_max_tokens,
@@ -107,6 +122,19 @@ pub fn run<B: Backend + 'static>(
         eprintln!("deltafin: stopped");
         Ok(())
     })
+}
+
+/// The `--draft` model, refused at start when it cannot draft for `model` (not per request).
+fn drafter(dir: &Path, model: &impl Backend) -> Result<Model> {
+    let d = Model::load(dir).with_context(|| format!("loading the drafter {}", dir.display()))?;
+    let (dv, mv) = (d.config().vocab_size, model.config().vocab_size);
+    if dv != mv {
+        bail!(
+            "the drafter {} has {dv} tokens, the model {mv}: a drafter must share the model's tokenizer",
+            dir.display()
+        );
+    }
+    Ok(d)
 }
 
 async fn shutdown_signal() {

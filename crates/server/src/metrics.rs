@@ -120,6 +120,15 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
         &one(rate(prompt - cached, prefill_s)),
     );
     metric(
+        "deltafin_draft_tokens_total",
+        "counter",
+        "Speculative decoding (--draft): tokens the drafter guessed, and those the model took.",
+        &[
+            ("{outcome=\"proposed\"}".into(), get(&c.draft_proposed)),
+            ("{outcome=\"accepted\"}".into(), get(&c.draft_accepted)),
+        ],
+    );
+    metric(
         "deltafin_queue_depth",
         "gauge",
         "Requests waiting for a generation slot.",

@@ -303,6 +303,67 @@ fn tools_are_offered_in_the_prompt_and_tool_history_is_accepted() {
 }
 
 #[test]
+fn a_drafter_changes_no_reply_and_is_counted() {
+    let other = tempfile::tempdir().unwrap();
+    deltafin_makemodel::make_model(
+        deltafin_makemodel::Arch::KimiK3,
+        deltafin_makemodel::Preset::Tiny,
+        1,
+        other.path(),
+    )
+    .unwrap();
+    let bodies = [
+        json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 20,
+               "temperature": 0, "logprobs": 2}),
+        json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 20,
+               "temperature": 1.0, "seed": 99, "logprobs": 2}),
+        chat_body(json!({"max_tokens": 12, "temperature": 0.7, "seed": 5})),
+    ];
+    let replies = |cfg: deltafin_server::ServerConfig| {
+        let s = start(cfg);
+        let out: Vec<Value> = bodies
+            .iter()
+            .map(|b| {
+                let path = if b.get("messages").is_some() {
+                    "/v1/chat/completions"
+                } else {
+                    "/v1/completions"
+                };
+                let r = post(s.addr, path, b);
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.json()["choices"][0].clone()
+            })
+            .collect();
+        (out, get(s.addr, "/metrics").body)
+    };
+    let (plain, _) = replies(config());
+    // The model as its own drafter (every guess right) and another model (mostly wrong).
+    for dir in [model_dir(), other.path().to_path_buf()] {
+        let mut cfg = config();
+        cfg.scheduler.drafter = Some(deltafin_engine::Drafter {
+            model: std::sync::Arc::new(deltafin_models::Model::load(&dir).unwrap()),
+            tokens: 3,
+        });
+        let (drafted, metrics) = replies(cfg);
+        assert_eq!(drafted, plain, "drafter {}", dir.display());
+        let count = |outcome: &str| -> f64 {
+            let line = format!("deltafin_draft_tokens_total{{outcome=\"{outcome}\"}} ");
+            let at = metrics.find(&line).expect("the draft counter");
+            metrics[at + line.len()..]
+                .lines()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert!(count("proposed") > 0.0 && count("accepted") <= count("proposed"));
+        if dir == model_dir() {
+            assert!(count("accepted") > 0.0, "the model agrees with itself");
+        }
+    }
+}
+
+#[test]
 fn api_key_and_body_limit() {
     let s = start(deltafin_server::ServerConfig {
         api_key: Some("sekrit".into()),
