@@ -379,25 +379,14 @@ fn tools(f: &Fields) -> Result<Tools, ApiError> {
 
 /// Checks `tools[i]`, a function tool; returns its name.
 fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
-    let at = |k: &str| format!("tools[{i}]{k}");
-    let Value::Object(o) = t else {
-        return Err(ApiError::invalid(at(""), "each tool must be an object"));
-    };
-    only_fields(o, &["type", "function"], &at)?;
-    if o.get("type").and_then(Value::as_str) != Some("function") {
-        return Err(ApiError::invalid(
-            at(".type"),
-            "the only tool type is \"function\"",
-        ));
-    }
-    let Some(Value::Object(func)) = o.get("function") else {
-        return Err(ApiError::invalid(
-            at(".function"),
-            "a function tool needs a 'function' object",
-        ));
-    };
+    let at = format!("tools[{i}]");
+    let (_, func) = function_entry(
+        &at,
+        t,
+        &[],
+        &["name", "description", "parameters", "strict"],
+    )?;
     let at = |k: &str| format!("tools[{i}].function{k}");
-    only_fields(func, &["name", "description", "parameters", "strict"], &at)?;
     let name = match func.get("name") {
         Some(Value::String(n))
             if (1..=64).contains(&n.len())
@@ -435,15 +424,41 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
     Ok(name)
 }
 
-/// Rejects keys of `o` outside `known`, naming the first.
-fn only_fields(
-    o: &Map<String, Value>,
-    known: &[&str],
-    at: &dyn Fn(&str) -> String,
-) -> Result<(), ApiError> {
+type Object = Map<String, Value>;
+
+/// `{"type": "function", "function": {...}}` at `at` (a tool, or an earlier call in a message), with
+/// `extra` the keys allowed beside those two and `inner` the function's: the entry and its function.
+fn function_entry<'a>(
+    at: &str,
+    v: &'a Value,
+    extra: &[&str],
+    inner: &[&str],
+) -> Result<(&'a Object, &'a Object), ApiError> {
+    let Value::Object(o) = v else {
+        return Err(ApiError::invalid(at, "must be an object"));
+    };
+    only_fields(o, &[&["type", "function"], extra].concat(), at)?;
+    if o.get("type").and_then(Value::as_str) != Some("function") {
+        return Err(ApiError::invalid(
+            format!("{at}.type"),
+            "the only type is \"function\"",
+        ));
+    }
+    let Some(Value::Object(func)) = o.get("function") else {
+        return Err(ApiError::invalid(
+            format!("{at}.function"),
+            "a 'function' object is required",
+        ));
+    };
+    only_fields(func, inner, &format!("{at}.function"))?;
+    Ok((o, func))
+}
+
+/// Rejects keys of `o` outside `known`, naming the first under `at`.
+fn only_fields(o: &Object, known: &[&str], at: &str) -> Result<(), ApiError> {
     match o.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(
-            ApiError::invalid(at(&format!(".{k}")), format!("Unrecognized field: {k}"))
+            ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
                 .code("unknown_parameter"),
         ),
         None => Ok(()),
@@ -559,25 +574,7 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
 /// An assistant message's earlier call: `{"id", "type": "function", "function": {"name", "arguments"}}`.
 fn tool_call(at: &str, c: &Value) -> Result<ToolCall, ApiError> {
     let field = |k: &str| format!("{at}.{k}");
-    let Value::Object(o) = c else {
-        return Err(ApiError::invalid(at, "each tool call must be an object"));
-    };
-    only_fields(o, &["id", "type", "function"], &|k| format!("{at}{k}"))?;
-    if o.get("type").and_then(Value::as_str) != Some("function") {
-        return Err(ApiError::invalid(
-            field("type"),
-            "the only tool call type is \"function\"",
-        ));
-    }
-    let Some(Value::Object(func)) = o.get("function") else {
-        return Err(ApiError::invalid(
-            field("function"),
-            "a tool call needs a 'function' object",
-        ));
-    };
-    only_fields(func, &["name", "arguments"], &|k| {
-        format!("{at}.function{k}")
-    })?;
+    let (o, func) = function_entry(at, c, &["id"], &["name", "arguments"])?;
     let text = |v: Option<&Value>, k: &str| match v {
         Some(Value::String(s)) => Ok(s.clone()),
         _ => Err(ApiError::invalid(k, "must be a string")),
