@@ -1,12 +1,22 @@
 //! What the OpenAI API adds to K3's chat format, which lives in [`deltafin_tokenizer::chat`] (rendering and
-//! reply parsing): OpenAI's `reasoning_effort` values, and the special ids a reply parser must see.
+//! reply parsing): OpenAI's `reasoning_effort` values, and the special ids a reply parser must see. Other
+//! families chat through their checkpoint's Jinja template, their reply all content.
 
 use anyhow::{Context, Result};
 use deltafin_tokenizer::chat::{
-    render_k3, ChatMessage, Effort, ReplyParser, K3_CLOSE, K3_END_OF_MSG, K3_OPEN,
+    render_k3, ChatMessage, ChatTemplate, Effort, ReplyParser, K3_CLOSE, K3_END_OF_MSG, K3_OPEN,
     K3_RESPONSE_OPEN, K3_SEP, K3_THINK_CLOSE,
 };
 use deltafin_tokenizer::{Piece, Tokenizer};
+use std::sync::Arc;
+
+/// How a served model's chat prompts are written.
+pub enum Format {
+    /// K3's XTML (built in), with these markup tokens.
+    K3(Markup),
+    /// The checkpoint's own template.
+    Template(Arc<ChatTemplate>),
+}
 
 /// OpenAI's `reasoning_effort`, as K3 understands it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

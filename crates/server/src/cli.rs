@@ -4,7 +4,9 @@ use crate::{serve, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_engine::{Drafter, SchedulerConfig};
+use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model};
+use deltafin_tokenizer::chat::ChatTemplate;
 use deltafin_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,6 +74,10 @@ pub fn run<B: Backend + 'static>(
     }
     let model = Arc::new(load(&a.model)?);
     let tokenizer = Arc::new(Tokenizer::from_dir(&a.model)?);
+    let chat_template = match model.config().family {
+        Family::KimiK3 => None,
+        _ => ChatTemplate::from_dir(&a.model)?.map(Arc::new),
+    };
     let drafter = match &a.draft {
         Some(dir) => Some(Drafter {
             model: Arc::new(drafter(dir, &*model)?),
@@ -103,6 +109,7 @@ pub fn run<B: Backend + 'static>(
         default_max_tokens: a.default_max_tokens,
         keep_alive: Duration::from_secs(a.keep_alive_secs.max(1)),
         shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+        chat_template,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

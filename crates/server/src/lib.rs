@@ -23,8 +23,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use deltafin_engine::{Scheduler, SchedulerConfig};
+use deltafin_formats::config::Family;
 use deltafin_models::Backend;
 use deltafin_store::ExpertStore;
+use deltafin_tokenizer::chat::ChatTemplate;
 use deltafin_tokenizer::Tokenizer;
 use error::ApiError;
 use std::future::Future;
@@ -50,6 +52,9 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// After a shutdown signal, how long in-flight generations may run before they are ended with an error.
     pub shutdown_grace: Duration,
+    /// The checkpoint's Jinja chat template, through which families other than K3 chat (K3's format is
+    /// built in). Without it they serve only `/v1/completions`.
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +68,7 @@ impl Default for ServerConfig {
             default_max_tokens: 4096,
             keep_alive: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
+            chat_template: None,
         }
     }
 }
@@ -73,8 +79,8 @@ pub(crate) struct AppState {
     /// Where routed experts are read from (its counters feed `/metrics`).
     store: Arc<ExpertStore>,
     tokenizer: Arc<Tokenizer>,
-    /// Chat needs the template's special tokens; without them only `/v1/completions` works.
-    markup: Result<chat::Markup, String>,
+    /// How chat prompts are written, or why this model cannot chat.
+    chat: Result<chat::Format, String>,
     vocab: usize,
     /// Tokens that end a generation: the model's EOS and `<|end_of_msg|>`.
     stop_ids: Vec<u32>,
@@ -103,7 +109,17 @@ pub async fn serve<B: Backend + 'static>(
             .context("starting the generation worker")?,
     );
     let state = Arc::new(AppState {
-        markup: chat::Markup::new(&tokenizer).map_err(|e| format!("{e:#}")),
+        chat: match (model.config().family, &cfg.chat_template) {
+            (Family::KimiK3, _) => chat::Markup::new(&tokenizer)
+                .map(chat::Format::K3)
+                .map_err(|e| format!("{e:#}")),
+            (_, Some(t)) => Ok(chat::Format::Template(t.clone())),
+            (_, None) => Err(
+                "the checkpoint has no chat template (chat_template.jinja, or \
+                 chat_template in tokenizer_config.json)"
+                    .into(),
+            ),
+        },
         vocab: model.config().vocab_size,
         stop_ids,
         tokenizer,

@@ -1,6 +1,7 @@
 //! The endpoints: parse, render the prompt, queue a job, then answer as one JSON body or as SSE chunks.
 
 use crate::api::{self, Common, Prompt};
+use crate::chat::{self, ReasoningEffort};
 use crate::error::ApiError;
 use crate::metrics;
 use crate::sink::{ChannelSink, LogprobItem, Msg, Usage};
@@ -137,28 +138,63 @@ async fn respond(planned: Result<Planned, ApiError>) -> Response {
 fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
     let req = api::chat(&body(b)?)?;
     check_model(s, &req.common)?;
-    let markup = s.markup.as_ref().map_err(|e| {
+    let written = s.chat.as_ref().map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             format!("this model cannot chat: {e}; use /v1/completions"),
         )
     })?;
-    let mut messages = req.messages;
-    if let Some(listed) = &req.tools.listed {
-        messages.insert(0, k3_tools_message(listed));
-    }
-    let prompt = req.effort.render(&s.tokenizer, &messages);
     let (tx, rx) = unbounded_channel();
-    let sink = ChannelSink::chat(
-        s.tokenizer.clone(),
-        markup,
-        req.effort,
-        &req.tools,
-        &req.common.stop,
-        s.stop_ids.clone(),
-        tx,
-    );
+    let (prompt, sink) = match written {
+        chat::Format::K3(markup) => {
+            let mut messages = req.messages;
+            if let Some(listed) = &req.tools.listed {
+                messages.insert(0, k3_tools_message(listed));
+            }
+            let prompt = req.effort.render(&s.tokenizer, &messages);
+            let sink = ChannelSink::chat(
+                s.tokenizer.clone(),
+                markup,
+                req.effort,
+                &req.tools,
+                &req.common.stop,
+                s.stop_ids.clone(),
+                tx,
+            );
+            (prompt, sink)
+        }
+        chat::Format::Template(template) => {
+            // What only K3's format expresses is refused, not ignored.
+            if req.tools.listed.is_some() {
+                return Err(ApiError::invalid(
+                    "tools",
+                    "tools need K3's chat format; this model chats through its own template, whose tool calls deltafin does not read",
+                )
+                .code("unsupported_parameter"));
+            }
+            if req.effort != ReasoningEffort::Think(None) {
+                return Err(ApiError::invalid(
+                    "reasoning_effort",
+                    "reasoning_effort applies to K3's thinking; this model's template has none",
+                )
+                .code("unsupported_parameter"));
+            }
+            let pieces = template.render(&req.messages, true, None).map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!("the model's chat template refused them: {e:#}"),
+                )
+            })?;
+            let sink = ChannelSink::completion(
+                s.tokenizer.clone(),
+                &req.common.stop,
+                s.stop_ids.clone(),
+                tx,
+            );
+            (s.tokenizer.encode_pieces(&pieces), sink)
+        }
+    };
     let default_max = s.cfg.default_max_tokens;
     let format = format(s, true, &req.common, req.top_logprobs.is_some());
     submit(

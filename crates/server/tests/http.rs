@@ -364,6 +364,92 @@ fn a_drafter_changes_no_reply_and_is_counted() {
 }
 
 #[test]
+fn a_family_with_a_jinja_template_chats_through_it() {
+    use deltafin_tokenizer::chat::{ChatMessage, ChatTemplate};
+    let dir = tempfile::tempdir().unwrap();
+    deltafin_makemodel::make_model(
+        deltafin_makemodel::Arch::KimiLinear,
+        deltafin_makemodel::Preset::Tiny,
+        0,
+        dir.path(),
+    )
+    .unwrap();
+    let serve = |template: Option<ChatTemplate>| {
+        let model = std::sync::Arc::new(deltafin_models::Model::load(dir.path()).unwrap());
+        let tokenizer =
+            std::sync::Arc::new(deltafin_tokenizer::Tokenizer::from_dir(dir.path()).unwrap());
+        let cfg = deltafin_server::ServerConfig {
+            chat_template: template.map(std::sync::Arc::new),
+            ..config()
+        };
+        deltafin_server::Running::start("127.0.0.1:0".parse().unwrap(), model, tokenizer, cfg)
+            .unwrap()
+    };
+    let body = json!({"model": MODEL, "max_tokens": 6, "temperature": 0,
+                      "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]});
+    // Without a template this family cannot chat (its checkpoint has none): completions only.
+    let s = serve(None);
+    let r = post(s.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("no chat template"), "{}", r.body);
+    assert_eq!(
+        post(
+            s.addr,
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+        )
+        .status,
+        200
+    );
+    drop(s);
+
+    let source = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}";
+    let s = serve(Some(ChatTemplate::new(source, "", "").unwrap()));
+    let r = post(s.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+    assert!(
+        v["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{v}"
+    );
+    // The prompt is exactly the template's rendering.
+    let tok = deltafin_tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    let pieces = ChatTemplate::new(source, "", "")
+        .unwrap()
+        .render(
+            &[ChatMessage::system("Be brief."), ChatMessage::user("Hi")],
+            true,
+            None,
+        )
+        .unwrap();
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        tok.encode_pieces(&pieces).len()
+    );
+    // What only K3's format expresses is refused.
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    for (extra, param) in [
+        (json!({"tools": tools}), "tools"),
+        (json!({"reasoning_effort": "high"}), "reasoning_effort"),
+    ] {
+        let mut b = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = post(s.addr, "/v1/chat/completions", &b);
+        assert_eq!(
+            (r.status, error_param(&r)),
+            (400, param.to_string()),
+            "{}",
+            r.body
+        );
+    }
+}
+
+#[test]
 fn api_key_and_body_limit() {
     let s = start(deltafin_server::ServerConfig {
         api_key: Some("sekrit".into()),

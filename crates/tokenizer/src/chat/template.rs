@@ -19,6 +19,13 @@ pub struct ChatTemplate {
     eos_token: String,
 }
 
+/// Its source is long: the size only.
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChatTemplate({} bytes)", self.source.len())
+    }
+}
+
 impl ChatTemplate {
     /// A template from its source and the special names it may refer to as `bos_token`/`eos_token`.
     pub fn new(source: impl Into<String>, bos_token: &str, eos_token: &str) -> Result<Self> {
