@@ -14,7 +14,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deltafin_engine::{Job, Rejected, Request};
-use deltafin_tokenizer::chat::{k3_tools_message, ToolCall};
+use deltafin_tokenizer::chat::{k3_tools_message, ChatTemplate, ToolCall};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 type Shared = State<Arc<AppState>>;
 
@@ -147,53 +147,8 @@ fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, 
     })?;
     let (tx, rx) = unbounded_channel();
     let (prompt, sink) = match written {
-        chat::Format::K3(markup) => {
-            let mut messages = req.messages;
-            if let Some(listed) = &req.tools.listed {
-                messages.insert(0, k3_tools_message(listed));
-            }
-            let prompt = req.effort.render(&s.tokenizer, &messages);
-            let sink = ChannelSink::chat(
-                s.tokenizer.clone(),
-                markup,
-                req.effort,
-                &req.tools,
-                &req.common.stop,
-                s.stop_ids.clone(),
-                tx,
-            );
-            (prompt, sink)
-        }
-        chat::Format::Template(template) => {
-            // What only K3's format expresses is refused, not ignored.
-            if req.tools.listed.is_some() {
-                return Err(ApiError::invalid(
-                    "tools",
-                    "tools need K3's chat format; this model chats through its own template, whose tool calls deltafin does not read",
-                )
-                .code("unsupported_parameter"));
-            }
-            if req.effort != ReasoningEffort::Think(None) {
-                return Err(ApiError::invalid(
-                    "reasoning_effort",
-                    "reasoning_effort applies to K3's thinking; this model's template has none",
-                )
-                .code("unsupported_parameter"));
-            }
-            let pieces = template.render(&req.messages, true, None).map_err(|e| {
-                ApiError::invalid(
-                    "messages",
-                    format!("the model's chat template refused them: {e:#}"),
-                )
-            })?;
-            let sink = ChannelSink::completion(
-                s.tokenizer.clone(),
-                &req.common.stop,
-                s.stop_ids.clone(),
-                tx,
-            );
-            (s.tokenizer.encode_pieces(&pieces), sink)
-        }
+        chat::Format::K3(markup) => k3_chat(s, &req, markup, tx),
+        chat::Format::Template(template) => template_chat(s, &req, template, tx)?,
     };
     let default_max = s.cfg.default_max_tokens;
     let format = format(s, true, &req.common, req.top_logprobs.is_some());
@@ -211,6 +166,69 @@ fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, 
         stream: req.common.stream,
         format,
     })
+}
+
+/// K3's prompt (with the tools' system message when tools are offered) and a sink that parses its reply.
+fn k3_chat(
+    s: &AppState,
+    req: &api::ChatRequest,
+    markup: &chat::Markup,
+    tx: UnboundedSender<Msg>,
+) -> (Vec<u32>, ChannelSink) {
+    let listed = req.tools.listed.as_deref().map(k3_tools_message);
+    let messages: Vec<_> = listed
+        .into_iter()
+        .chain(req.messages.iter().cloned())
+        .collect();
+    let prompt = req.effort.render(&s.tokenizer, &messages);
+    let sink = ChannelSink::chat(
+        s.tokenizer.clone(),
+        markup,
+        req.effort,
+        &req.tools,
+        &req.common.stop,
+        s.stop_ids.clone(),
+        tx,
+    );
+    (prompt, sink)
+}
+
+/// The checkpoint template's prompt; the reply is all content. What only K3's format expresses is refused,
+/// not ignored.
+fn template_chat(
+    s: &AppState,
+    req: &api::ChatRequest,
+    template: &ChatTemplate,
+    tx: UnboundedSender<Msg>,
+) -> Result<(Vec<u32>, ChannelSink), ApiError> {
+    if req.tools.listed.is_some() {
+        return Err(ApiError::invalid(
+            "tools",
+            "tools need K3's chat format; this model chats through its own template, whose tool calls \
+             deltafin does not read",
+        )
+        .code("unsupported_parameter"));
+    }
+    if req.effort != ReasoningEffort::Think(None) {
+        return Err(ApiError::invalid(
+            "reasoning_effort",
+            "reasoning_effort applies to K3's thinking; this model's template has none",
+        )
+        .code("unsupported_parameter"));
+    }
+    let pieces = template.render(&req.messages, true, None).map_err(|e| {
+        ApiError::invalid(
+            "messages",
+            format!("the model's chat template refused them: {e:#}"),
+        )
+    })?;
+    let sink = ChannelSink::completion(
+        s.tokenizer.clone(),
+        &req.common.stop,
+        s.stop_ids.clone(),
+        tx,
+    );
+    Ok((s.tokenizer.encode_pieces(&pieces), sink))
 }
 
 fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
