@@ -1,5 +1,5 @@
 //! Choosing the next token from fp32 logits: greedy at temperature 0, otherwise seeded sampling with
-//! temperature, nucleus (top-p) and OpenAI-style presence/frequency penalties.
+//! temperature, nucleus (top-p), OpenAI-style presence/frequency penalties and per-token logit biases.
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
@@ -14,6 +14,8 @@ pub struct SamplingParams {
     pub seed: u64,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// Added to these ids' logits before choosing (OpenAI's `logit_bias`, each in [-100, 100]).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -24,6 +26,7 @@ impl Default for SamplingParams {
             seed: 0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -56,6 +59,14 @@ impl Sampler {
                 bail!("{name} must be in [-2, 2], got {v}");
             }
         }
+        for &(id, bias) in &params.logit_bias {
+            if id as usize >= vocab {
+                bail!("logit_bias names token {id}, outside the vocabulary (size {vocab})");
+            }
+            if !(-100.0..=100.0).contains(&bias) {
+                bail!("logit_bias for token {id} must be in [-100, 100], got {bias}");
+            }
+        }
         Ok(Sampler {
             rng: ChaCha20Rng::seed_from_u64(params.seed),
             params,
@@ -65,7 +76,7 @@ impl Sampler {
 
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let penalised: Vec<f32> = if p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+        let mut penalised: Vec<f32> = if p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
             logits.to_vec()
         } else {
             logits
@@ -80,6 +91,9 @@ impl Sampler {
                 })
                 .collect()
         };
+        for &(id, bias) in &p.logit_bias {
+            penalised[id as usize] += bias;
+        }
         let id = if p.temperature == 0.0 {
             argmax(&penalised)
         } else {
@@ -180,6 +194,29 @@ mod tests {
             2,
             "after one use, id 1 loses 1.0 and id 2 wins"
         );
+    }
+
+    #[test]
+    fn logit_bias_shifts_the_choice() {
+        let logits = [0.0f32, 2.0, 1.9];
+        let biased = |logit_bias: Vec<(u32, f32)>| {
+            let params = SamplingParams {
+                logit_bias,
+                ..Default::default()
+            };
+            Sampler::new(params, 3).unwrap().pick(&logits)
+        };
+        assert_eq!(biased(vec![]), 1);
+        assert_eq!(biased(vec![(1, -100.0)]), 2, "a ban");
+        assert_eq!(biased(vec![(0, 2.5)]), 0, "a nudge past the best");
+        for bad in [vec![(3, 1.0)], vec![(0, 101.0)], vec![(0, f32::NAN)]] {
+            let params = SamplingParams {
+                logit_bias: bad,
+                ..Default::default()
+            };
+            let e = Sampler::new(params, 3).err().unwrap().to_string();
+            assert!(e.contains("logit_bias"), "{e}");
+        }
     }
 
     #[test]

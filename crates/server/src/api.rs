@@ -17,7 +17,6 @@ const UNSUPPORTED: &[&str] = &[
     "function_call",
     "parallel_tool_calls",
     "response_format",
-    "logit_bias",
     "audio",
     "modalities",
     "prediction",
@@ -41,6 +40,7 @@ const COMMON: &[&str] = &[
     "logprobs",
     "presence_penalty",
     "frequency_penalty",
+    "logit_bias",
     "stream",
     "stream_options",
 ];
@@ -168,6 +168,7 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
     };
     let presence_penalty = penalty("presence_penalty")?;
     let frequency_penalty = penalty("frequency_penalty")?;
+    let logit_bias = logit_bias(f)?;
     let seed = match f.raw("seed") {
         None => random_seed(),
         Some(Value::Number(n)) if n.is_u64() || n.is_i64() => {
@@ -249,11 +250,52 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
             seed,
             presence_penalty,
             frequency_penalty,
+            logit_bias,
         },
         stop,
         stream,
         include_usage,
     })
+}
+
+/// `logit_bias`: `{"token id": bias}`, each bias in [-100, 100] (ids are checked against the vocabulary
+/// when the request is planned).
+fn logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(raw) = f.raw("logit_bias") else {
+        return Ok(Vec::new());
+    };
+    let Value::Object(o) = raw else {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "logit_bias must be an object of token id to bias",
+        ));
+    };
+    let mut out = Vec::with_capacity(o.len());
+    for (k, v) in o {
+        let Ok(id) = k.parse::<u32>() else {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias keys are token ids; {k:?} is not one"),
+            ));
+        };
+        match v.as_f64() {
+            Some(b) if (-100.0..=100.0).contains(&b) => out.push((id, b as f32)),
+            _ => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("the bias of token {id} must be a number in [-100, 100], got {v}"),
+                ))
+            }
+        }
+    }
+    out.sort_unstable_by_key(|&(id, _)| id);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("token {} is given twice", w[0].0),
+        ));
+    }
+    Ok(out)
 }
 
 /// Without a seed, each request draws its own (sampling is still reproducible given the seed).

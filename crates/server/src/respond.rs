@@ -302,6 +302,17 @@ fn submit(
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
+    if let Some(&(id, _)) = c
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|&&(id, _)| id as usize >= s.vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("token id {id} is outside the vocabulary (size {})", s.vocab),
+        ));
+    }
     let room = s.cfg.max_context.saturating_sub(prompt.len());
     if room == 0 || c.max_tokens.is_some_and(|m| m > room) {
         return Err(ApiError::invalid(

@@ -211,6 +211,7 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
             "messages[0].tool_calls",
         ),
         (json!({"max_tokens": 1_000_000}), "messages"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
     ];
     for (extra, param) in cases {
         let r = post(s.addr, "/v1/chat/completions", &chat_body(extra.clone()));
@@ -444,6 +445,61 @@ fn a_family_with_a_jinja_template_chats_through_it() {
             (r.status, error_param(&r)),
             (400, param.to_string()),
             "{}",
+            r.body
+        );
+    }
+}
+
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let s = start(config());
+    let body = |bias: Value| {
+        json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 6,
+               "temperature": 0, "logprobs": 1, "logit_bias": bias})
+    };
+    let tokens = |r: &Resp| -> Vec<String> {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect()
+    };
+    let tok = deltafin_tokenizer::Tokenizer::from_dir(&model_dir()).unwrap();
+    let plain = tokens(&post(s.addr, "/v1/completions", &body(json!({}))));
+    // Banning the greedy first token changes it.
+    let first = tok.encode(&plain[0]);
+    assert_eq!(first.len(), 1, "{:?}", plain[0]);
+    let banned = tokens(&post(
+        s.addr,
+        "/v1/completions",
+        &body(json!({first[0].to_string(): -100})),
+    ));
+    assert_ne!(banned[0], plain[0]);
+    assert!(!banned.contains(&plain[0]), "{banned:?}");
+    // A +100 bias makes one token win every step.
+    let forced_id = tok.encode(" the")[0];
+    let forced = tokens(&post(
+        s.addr,
+        "/v1/completions",
+        &body(json!({forced_id.to_string(): 100})),
+    ));
+    let text = tok.decode(&[forced_id]).unwrap();
+    assert!(forced.iter().all(|t| *t == text), "{forced:?}");
+    for bad in [
+        json!({"abc": 1}),
+        json!({"5": 101}),
+        json!({"5": "x"}),
+        json!([1]),
+        json!({"5": 1, "05": 2}),
+        json!({"99999999": 1}),
+    ] {
+        let r = post(s.addr, "/v1/completions", &body(bad.clone()));
+        assert_eq!(
+            (r.status, error_param(&r)),
+            (400, "logit_bias".into()),
+            "{bad}: {}",
             r.body
         );
     }
