@@ -314,7 +314,7 @@ pub struct ChatRequest {
 }
 
 /// The tools a chat request offers the model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Tools {
     /// Their JSON list, as the prompt shows it; `None` without tools or with `tool_choice: "none"` (then
     /// the model is not told of them, and a call it writes anyway is not passed on).

@@ -3,7 +3,7 @@
 use crate::{serve, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltafin_engine::{Drafter, SchedulerConfig};
+use deltafin_engine::{Draft, Drafter, SchedulerConfig};
 use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model};
 use deltafin_tokenizer::chat::ChatTemplate;
@@ -79,10 +79,7 @@ pub fn run<B: Backend + 'static>(
         _ => ChatTemplate::from_dir(&a.model)?.map(Arc::new),
     };
     let drafter = match &a.draft {
-        Some(dir) => Some(Drafter {
-            model: Arc::new(drafter(dir, &*model)?),
-            tokens: a.draft_tokens,
-        }),
+        Some(dir) => Some(drafter(dir, &*model, a.draft_tokens)?),
         None => None,
     };
     let name = match a.served_model_name {
@@ -131,17 +128,13 @@ pub fn run<B: Backend + 'static>(
     })
 }
 
-/// The `--draft` model, refused at start when it cannot draft for `model` (not per request).
-fn drafter(dir: &Path, model: &impl Backend) -> Result<Model> {
-    let d = Model::load(dir).with_context(|| format!("loading the drafter {}", dir.display()))?;
-    let (dv, mv) = (d.config().vocab_size, model.config().vocab_size);
-    if dv != mv {
-        bail!(
-            "the drafter {} has {dv} tokens, the model {mv}: a drafter must share the model's tokenizer",
-            dir.display()
-        );
-    }
-    Ok(d)
+/// The `--draft` model, refused at start (not per request) when it cannot draft for `model`: the
+/// scheduler's own check, [`Draft::new`], is tried once here.
+fn drafter(dir: &Path, model: &impl Backend, tokens: usize) -> Result<Drafter> {
+    let context = || format!("loading the drafter {}", dir.display());
+    let d = Arc::new(Model::load(dir).with_context(context)?);
+    Draft::new(d.clone(), model, tokens).with_context(context)?;
+    Ok(Drafter { model: d, tokens })
 }
 
 async fn shutdown_signal() {
