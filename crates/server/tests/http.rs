@@ -7,18 +7,23 @@ use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
+/// `base` with `extra`'s fields set (replacing any of the same name).
+fn merged(mut base: Value, extra: &Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    base
+}
+
 fn chat_body(extra: Value) -> Value {
-    let mut b = json!({
+    let base = json!({
         "model": MODEL,
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
         "max_tokens": 8,
         "temperature": 0,
         "reasoning_effort": "none",
     });
-    for (k, v) in extra.as_object().unwrap() {
-        b[k] = v.clone();
-    }
-    b
+    merged(base, &extra)
 }
 
 fn error_param(r: &Resp) -> String {
@@ -26,6 +31,18 @@ fn error_param(r: &Resp) -> String {
         .as_str()
         .unwrap_or("")
         .to_string()
+}
+
+/// Posts `body` to `path` and expects a 400 whose `param` is `param`; the response, for further checks.
+fn assert_rejected(addr: std::net::SocketAddr, path: &str, body: &Value, param: &str) -> Resp {
+    let r = post(addr, path, body);
+    assert_eq!(
+        (r.status, error_param(&r)),
+        (400, param.to_string()),
+        "{body}: {}",
+        r.body
+    );
+    r
 }
 
 #[test]
@@ -214,13 +231,7 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
         (json!({"logit_bias": {"x": 1}}), "logit_bias"),
     ];
     for (extra, param) in cases {
-        let r = post(s.addr, "/v1/chat/completions", &chat_body(extra.clone()));
-        assert_eq!(
-            (r.status, error_param(&r)),
-            (400, param.to_string()),
-            "{extra}: {}",
-            r.body
-        );
+        let r = assert_rejected(s.addr, "/v1/chat/completions", &chat_body(extra), param);
         assert_eq!(r.json()["error"]["type"], "invalid_request_error");
     }
     // Ignored fields are fine.
@@ -250,17 +261,8 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
         (json!({"logprobs": 9}), "logprobs"),
         (json!({"prompt": [[1], [2]]}), "prompt"),
     ] {
-        let mut b = json!({"model": MODEL, "prompt": "hi"});
-        for (k, v) in extra.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        let r = post(s.addr, "/v1/completions", &b);
-        assert_eq!(
-            (r.status, error_param(&r)),
-            (400, param.to_string()),
-            "{}",
-            r.body
-        );
+        let body = merged(json!({"model": MODEL, "prompt": "hi"}), &extra);
+        assert_rejected(s.addr, "/v1/completions", &body, param);
     }
 }
 
@@ -436,17 +438,8 @@ fn a_family_with_a_jinja_template_chats_through_it() {
         (json!({"tools": tools}), "tools"),
         (json!({"reasoning_effort": "high"}), "reasoning_effort"),
     ] {
-        let mut b = body.clone();
-        for (k, v) in extra.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        let r = post(s.addr, "/v1/chat/completions", &b);
-        assert_eq!(
-            (r.status, error_param(&r)),
-            (400, param.to_string()),
-            "{}",
-            r.body
-        );
+        let b = merged(body.clone(), &extra);
+        assert_rejected(s.addr, "/v1/chat/completions", &b, param);
     }
 }
 
@@ -495,13 +488,7 @@ fn logit_bias_bans_and_forces_tokens() {
         json!({"5": 1, "05": 2}),
         json!({"99999999": 1}),
     ] {
-        let r = post(s.addr, "/v1/completions", &body(bad.clone()));
-        assert_eq!(
-            (r.status, error_param(&r)),
-            (400, "logit_bias".into()),
-            "{bad}: {}",
-            r.body
-        );
+        assert_rejected(s.addr, "/v1/completions", &body(bad), "logit_bias");
     }
 }
 
