@@ -129,6 +129,9 @@ pub struct Gpu {
     /// Readies copied experts (rearranges their weights) after each copy, so the copy stream never waits on a
     /// kernel between copies.
     pub prep: Arc<CudaStream>,
+    /// A second compute stream for work of a pass that is independent of the compute stream's for a while (the
+    /// MoE's shared expert beside the routed ones), forked and joined by events.
+    pub side: Arc<CudaStream>,
     funcs: HashMap<&'static str, CudaFunction>,
     /// Page-locked landing buffer of `dtoh`, grown on demand.
     readback: Mutex<Option<Pinned>>,
@@ -193,11 +196,13 @@ impl Gpu {
         let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let copy = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let prep = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        let side = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         Ok(Gpu {
             ctx,
             stream,
             copy,
             prep,
+            side,
             funcs,
             readback: Mutex::new(None),
             name,
@@ -318,13 +323,21 @@ impl Gpu {
 }
 
 /// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64), on the compute
-/// stream or the prep stream.
+/// stream, the side stream or the prep stream.
 pub struct Launch<'a> {
     gpu: &'a Gpu,
     name: &'static str,
     cfg: LaunchConfig,
-    on_prep: bool,
+    on: On,
     args: Vec<Arg>,
+}
+
+/// The stream a launch goes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    Compute,
+    Side,
+    Prep,
 }
 
 pub enum Arg {
@@ -350,13 +363,13 @@ impl<'a> Launch<'a> {
                 block_dim: (block, 1, 1),
                 shared_mem_bytes: shared,
             },
-            on_prep: false,
+            on: On::Compute,
             args: Vec::new(),
         }
     }
-    /// Runs on the prep stream.
-    pub fn on_prep_stream(mut self) -> Self {
-        self.on_prep = true;
+    /// Runs on the given stream (the compute stream by default).
+    pub fn on(mut self, on: On) -> Self {
+        self.on = on;
         self
     }
     pub fn p(mut self, v: u64) -> Self {
@@ -378,10 +391,10 @@ impl<'a> Launch<'a> {
     }
     pub fn go(self) -> Result<()> {
         let f = self.gpu.func(self.name);
-        let stream = if self.on_prep {
-            &self.gpu.prep
-        } else {
-            &self.gpu.stream
+        let stream = match self.on {
+            On::Compute => &self.gpu.stream,
+            On::Side => &self.gpu.side,
+            On::Prep => &self.gpu.prep,
         };
         // The kernel's parameters: a pointer to each argument's value, as the kernel declares it (a Parts is
         // six u64, laid out as the kernels' struct).
@@ -395,7 +408,7 @@ impl<'a> Launch<'a> {
                 Arg::Parts(v) => v as *const [u64; 6] as *mut c_void,
             })
             .collect();
-        // Programmatic dependent launch on the compute stream (sm_90+): the kernel may start while the one
+        // Programmatic dependent launch on the compute streams (sm_90+): the kernel may start while the one
         // before it finishes; each kernel waits (griddepcontrol.wait) before it touches anything but weights.
         let mut pdl = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
@@ -415,7 +428,7 @@ impl<'a> Launch<'a> {
             sharedMemBytes: self.cfg.shared_mem_bytes,
             hStream: stream.cu_stream(),
             attrs: &mut pdl,
-            numAttrs: (self.gpu.pdl && !self.on_prep) as u32,
+            numAttrs: (self.gpu.pdl && self.on != On::Prep) as u32,
         };
         self.gpu
             .ctx

@@ -2,7 +2,7 @@
 //! its budget streamed from page-locked host memory, one layer ahead), routed experts in a VRAM slot cache fed
 //! from the CPU-side expert store (by DMA from its page-locked slab).
 
-use crate::gpu::{par_copy, DevBuf, Gpu, Launch, Pinned};
+use crate::gpu::{par_copy, DevBuf, Gpu, Launch, On, Pinned};
 use crate::plan::{
     attn_res_values, matmul_ring_bytes, matmul_tile, plan_spine, plan_waves, Ring, SlotCache,
     MIX_VALUES,
@@ -392,6 +392,8 @@ struct Mm {
     norm: Option<(u64, f32)>,
     add: u64,
     accumulate: bool,
+    /// On the side stream.
+    side: bool,
 }
 
 /// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).
@@ -501,6 +503,7 @@ impl Backend for CudaModel {
         let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         let _ = self.gpu.stream.synchronize();
+        let _ = self.gpu.side.synchronize();
         let _ = self.gpu.copy.synchronize();
         let _ = self.gpu.prep.synchronize();
         drop(held);
@@ -1043,6 +1046,7 @@ impl CudaModel {
             128,
             (matmul_ring_bytes(w.cols) + 4 * n.min(tile) * w.cols) as u32,
         )
+        .on(if mm.side { On::Side } else { On::Compute })
         .p(w.ptr())
         .p(x)
         .p(y)
@@ -1110,6 +1114,7 @@ impl CudaModel {
             256,
             0,
         )
+        .on(if out.side { On::Side } else { On::Compute })
         .p(m.gate.ptr())
         .p(m.up.ptr())
         .p(x)
@@ -1487,6 +1492,28 @@ impl CudaModel {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
         let lay = &self.layout;
+        // K3: the shared expert needs nothing of the routed ones until the last add, so it runs on the side
+        // stream meanwhile, and the latent up-projection adds its output: h += routed + shared, the same sum as
+        // the CPU's shared + routed (an addition of two values does not depend on their order).
+        let shared = match &m.latent {
+            Some(_) => {
+                let fork = self.gpu.mark()?;
+                self.gpu.side.wait(&fork).map_err(|e| anyhow!("{e:?}"))?;
+                let s = a.f32s(n * self.cfg.hidden)?;
+                let side = Mm {
+                    side: true,
+                    ..Mm::default()
+                };
+                self.mlp(a, &m.shared, x, n, s, side)?;
+                let joined = self
+                    .gpu
+                    .side
+                    .record_event(None)
+                    .map_err(|e| anyhow!("{e:?}"))?;
+                Some((s, joined))
+            }
+            None => None,
+        };
         // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
         let (z, logits) = match (&m.latent, &m.xin) {
             (Some((down, _, _)), Some(xin)) => {
@@ -1556,29 +1583,31 @@ impl CudaModel {
         .i(top_k)
         .i(lay.width)
         .go()?;
-        let routed = match &m.latent {
-            Some((_, norm, up)) => {
-                let norm = Mm {
+        match (&m.latent, shared) {
+            (Some((_, norm, up)), Some((s, joined))) => {
+                self.gpu.wait(&joined)?;
+                let out = Mm {
                     norm: Some((norm.ptr(), self.cfg.rms_norm_eps)),
+                    add: s,
+                    accumulate: true,
                     ..Mm::default()
                 };
-                self.mm_with(a, up, acc, n, norm)?
+                self.mm_into(up, acc, h, n, out)
             }
-            None => acc,
-        };
-        // h += shared + routed, the sum as the CPU forms it (shared output, then the routed part added).
-        self.mlp(
-            a,
-            &m.shared,
-            x,
-            n,
-            h,
-            Mm {
-                add: routed,
-                accumulate: true,
-                ..Mm::default()
-            },
-        )
+            // h += shared + routed, the sum as the CPU forms it (shared output, then the routed part added).
+            _ => self.mlp(
+                a,
+                &m.shared,
+                x,
+                n,
+                h,
+                Mm {
+                    add: acc,
+                    accumulate: true,
+                    ..Mm::default()
+                },
+            ),
+        }
     }
 
     /// The routed experts with the selection `ids` ([n][top_k] on the device) brought to the host: each chosen
@@ -1753,7 +1782,7 @@ impl CudaModel {
             256,
             lay.repack_smem() as u32,
         )
-        .on_prep_stream()
+        .on(On::Prep)
         .p(dst)
         .parts(lay.parts)
         .i(lay.width)
