@@ -50,7 +50,12 @@ fn the_timeline_build_compiles_with_its_notes() {
     let with = compile(Some("compute_90"), true)
         .unwrap_or_else(|e| panic!("{e:#}"))
         .to_src();
-    for symbol in [" timeline[", " timeline_n", "%globaltimer", ".entry timeline_mark("] {
+    for symbol in [
+        " timeline[",
+        " timeline_n",
+        "%globaltimer",
+        ".entry timeline_mark(",
+    ] {
         assert!(with.contains(symbol), "the timeline build lacks {symbol:?}");
     }
     assert!(
