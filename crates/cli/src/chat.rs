@@ -218,7 +218,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             converse(&a, &model, t_load)
         }
         Device::Cuda(ordinal) => {
-            let model = a.device.load_cuda(ordinal, &a.model, &load)?;
+            let model = a.device.load_cuda(ordinal, &a.model, &load, false)?;
             converse(&a, &model, t_load)
         }
     }

@@ -142,7 +142,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
             seed: a.seed,
         },
     };
-    generate::run(&dir, &gen, &a.store.load_options(&dir)?, &a.device, false)
+    generate::run(
+        &dir,
+        &gen,
+        &a.store.load_options(&dir)?,
+        &a.device,
+        false,
+        false,
+    )
 }
 
 /// Writes the built-in `files` into `dir` once (atomically) and returns it.

@@ -30,13 +30,21 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
-    /// Loads `dir` on GPU `ordinal` (`--device cuda:ordinal`) within the VRAM budgets.
-    pub fn load_cuda(&self, ordinal: usize, dir: &Path, load: &LoadOptions) -> Result<CudaModel> {
+    /// Loads `dir` on GPU `ordinal` (`--device cuda:ordinal`) within the VRAM budgets; `timeline`: `run
+    /// --timeline`'s notes on.
+    pub fn load_cuda(
+        &self,
+        ordinal: usize,
+        dir: &Path,
+        load: &LoadOptions,
+        timeline: bool,
+    ) -> Result<CudaModel> {
         let size = |s: &Option<String>| s.as_deref().map(crate::store_args::parse_size).transpose();
         let opts = CudaOptions {
             ordinal,
             expert_vram: size(&self.expert_vram)?,
             spine_vram: size(&self.spine_vram)?,
+            timeline,
         };
         progress::while_busy("loading the model onto the GPU", || {
             CudaModel::load(dir, load, &opts)

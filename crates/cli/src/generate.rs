@@ -25,10 +25,14 @@ pub fn run(
     load: &LoadOptions,
     dev: &DeviceArgs,
     probe: bool,
+    timeline: bool,
 ) -> Result<()> {
     let t_load = Instant::now();
     match dev.device {
         Device::Cpu => {
+            if timeline {
+                bail!("--timeline times the GPU's kernels: add --device cuda");
+            }
             let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
             let load_secs = t_load.elapsed().as_secs_f64();
             generate_on(dir, &model, load_secs, args)
@@ -37,7 +41,7 @@ pub fn run(
             if args.events.is_some() {
                 bail!("--events needs the CPU backend: the CUDA passes record no per-layer times or routes");
             }
-            let model = dev.load_cuda(ordinal, dir, load)?;
+            let model = dev.load_cuda(ordinal, dir, load, timeline)?;
             let load_secs = t_load.elapsed().as_secs_f64();
             if probe {
                 device::probe_bandwidth(&model)?;
@@ -45,6 +49,9 @@ pub fn run(
             let timed = device::Timed::new(&model);
             generate_on(dir, &timed, load_secs, args)?;
             eprintln!("{}", timed.line(load_secs));
+            if let Some(r) = model.timeline_report() {
+                eprintln!("{r}");
+            }
             Ok(())
         }
     }

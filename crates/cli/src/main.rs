@@ -90,6 +90,11 @@ struct RunArgs {
     /// With --device cuda: first measure the raw pinned host-to-device and device-to-device copy bandwidths.
     #[arg(long)]
     probe_bandwidth: bool,
+    /// With --device cuda: after the [cuda] line, a [timeline] table of what each kernel (matmuls by shape)
+    /// costs a decode step on the GPU's critical path (the kernels note when each block starts; a diagnostic:
+    /// the notes cost a little time themselves).
+    #[arg(long)]
+    timeline: bool,
 }
 
 #[derive(Args)]
@@ -209,6 +214,7 @@ fn run(cli: Cli) -> Result<()> {
             &a.store.load_options(&a.model)?,
             &a.device,
             a.probe_bandwidth,
+            a.timeline,
         ),
         Command::Chat(a) => chat::chat(a),
         Command::Tokenize(a) => tokenize::tokenize(a),
@@ -223,9 +229,9 @@ fn run(cli: Cli) -> Result<()> {
             let load = a.store.load_options(&a.serve.model)?;
             match a.device.device {
                 Device::Cpu => deltafin_server::run(a.serve, |dir| Model::load_with(dir, &load)),
-                Device::Cuda(ordinal) => {
-                    deltafin_server::run(a.serve, |dir| a.device.load_cuda(ordinal, dir, &load))
-                }
+                Device::Cuda(ordinal) => deltafin_server::run(a.serve, |dir| {
+                    a.device.load_cuda(ordinal, dir, &load, false)
+                }),
             }
         }
         Command::Demo(a) => demo::run(a),

@@ -258,3 +258,27 @@ fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
         );
     }
 }
+
+#[test]
+fn the_timeline_asks_for_the_gpu() {
+    let t = tiny(Arch::KimiK3, 0);
+    let out = bin()
+        .args([
+            "run",
+            "--prompt-ids",
+            "1,2",
+            "--max-new",
+            "2",
+            "--timeline",
+            "--model",
+        ])
+        .arg(model_dir(&t))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--timeline times the GPU's kernels: add --device cuda"),
+        "{stderr}"
+    );
+}

@@ -2,9 +2,12 @@
 //! buffers. Buffers are plain `cuMemAlloc` allocations addressed by pointer; ordering between the two streams
 //! is explicit (events), so cudarc's per-slice event tracking is not used.
 
+use crate::timeline::Timeline;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, LaunchConfig,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -30,6 +33,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "moe_combine",
     "moe_route",
     "mx_repack",
+    "timeline_mark",
 ];
 
 /// The kernels whose dynamic shared memory can exceed the default 48 KB.
@@ -99,8 +103,13 @@ pub fn describe() -> Result<Vec<String>> {
 
 /// NVRTC options shared by tests and the device: no contraction of a*b+c (the CPU rounds twice there),
 /// IEEE division and square root, no flush-to-zero.
-pub fn compile_options(arch: Option<&'static str>) -> CompileOptions {
+pub fn compile_options(arch: Option<&'static str>, timeline: bool) -> CompileOptions {
     CompileOptions {
+        options: if timeline {
+            vec!["-DDELTAFIN_TIMELINE".into()]
+        } else {
+            Vec::new()
+        },
         fmad: Some(false),
         ftz: Some(false),
         prec_div: Some(true),
@@ -112,9 +121,10 @@ pub fn compile_options(arch: Option<&'static str>) -> CompileOptions {
     }
 }
 
-/// Compiles the kernels to PTX for `arch` (e.g. "compute_90"); `None` lets NVRTC pick its default.
-pub fn compile(arch: Option<&'static str>) -> Result<Ptx> {
-    compile_ptx_with_opts(KERNEL_SOURCE, compile_options(arch)).map_err(|e| match e {
+/// Compiles the kernels to PTX for `arch` (e.g. "compute_90"); `None` lets NVRTC pick its default. `timeline`:
+/// with the notes of `run --timeline` (timeline.rs).
+pub fn compile(arch: Option<&'static str>, timeline: bool) -> Result<Ptx> {
+    compile_ptx_with_opts(KERNEL_SOURCE, compile_options(arch, timeline)).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             anyhow!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
         }
@@ -142,10 +152,12 @@ pub struct Gpu {
     dynamic_smem: HashMap<&'static str, usize>,
     /// Kernels on the compute stream are launched as programmatic dependents (Hopper and later).
     pub pdl: bool,
+    /// `run --timeline`: the kernels note when each block is past its wait.
+    pub timeline: Option<Timeline>,
 }
 
 impl Gpu {
-    pub fn open(ordinal: usize) -> Result<Gpu> {
+    pub fn open(ordinal: usize, timeline: bool) -> Result<Gpu> {
         let count = availability()?;
         if ordinal >= count {
             bail!(
@@ -162,10 +174,24 @@ impl Gpu {
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         check_capability(&name, sm)?;
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
-        let ptx = compile(Some(arch)).context("compiling the CUDA kernels")?;
+        let ptx = compile(Some(arch), timeline).context("compiling the CUDA kernels")?;
         let module = ctx
             .load_module(ptx)
             .map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
+        let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        let timeline = if timeline {
+            let global = |name: &str| -> Result<(u64, usize)> {
+                let v = module
+                    .get_global(name, &stream)
+                    .map_err(|e| anyhow!("the timeline's {name}: {e:?}"))?;
+                let (ptr, _read) = v.device_ptr(&stream);
+                Ok((ptr, v.len()))
+            };
+            let (notes, bytes) = global("timeline")?;
+            Some(Timeline::new(notes, global("timeline_n")?.0, bytes / 8))
+        } else {
+            None
+        };
         // Kernels that stage rows in dynamic shared memory may take all the block can have (beyond 48 KB only
         // on request).
         let smem_max = ctx
@@ -193,7 +219,6 @@ impl Gpu {
             }
             funcs.insert(k, f);
         }
-        let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let copy = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let prep = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
         let side = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
@@ -209,6 +234,7 @@ impl Gpu {
             sm,
             dynamic_smem,
             pdl: sm.0 >= 9,
+            timeline,
         })
     }
 
@@ -327,6 +353,8 @@ impl Gpu {
 pub struct Launch<'a> {
     gpu: &'a Gpu,
     name: &'static str,
+    /// A matmul's (rows, cols), which the timeline tells apart.
+    shape: Option<(usize, usize)>,
     cfg: LaunchConfig,
     on: On,
     args: Vec<Arg>,
@@ -358,6 +386,7 @@ impl<'a> Launch<'a> {
         Launch {
             gpu,
             name,
+            shape: None,
             cfg: LaunchConfig {
                 grid_dim: (grid.0.max(1), grid.1.max(1), 1),
                 block_dim: (block, 1, 1),
@@ -370,6 +399,11 @@ impl<'a> Launch<'a> {
     /// Runs on the given stream (the compute stream by default).
     pub fn on(mut self, on: On) -> Self {
         self.on = on;
+        self
+    }
+    /// A matmul's (rows, cols), which the timeline tells apart.
+    pub fn shape(mut self, rows: usize, cols: usize) -> Self {
+        self.shape = Some((rows, cols));
         self
     }
     pub fn p(mut self, v: u64) -> Self {
@@ -391,11 +425,19 @@ impl<'a> Launch<'a> {
     }
     pub fn go(self) -> Result<()> {
         let f = self.gpu.func(self.name);
-        let stream = match self.on {
-            On::Compute => &self.gpu.stream,
-            On::Side => &self.gpu.side,
-            On::Prep => &self.gpu.prep,
+        // With the timeline on, the side stream's kernels run on the compute stream: the notes are then one chain.
+        let stream = match (self.on, &self.gpu.timeline) {
+            (On::Compute, _) | (On::Side, Some(_)) => &self.gpu.stream,
+            (On::Side, None) => &self.gpu.side,
+            (On::Prep, _) => &self.gpu.prep,
         };
+        if let Some(t) = self.gpu.timeline.as_ref().filter(|_| self.on != On::Prep) {
+            let label = match self.shape {
+                Some((r, c)) => format!("{} {r}x{c}", self.name),
+                None => self.name.to_string(),
+            };
+            t.launched(label, self.cfg.grid_dim.0 * self.cfg.grid_dim.1);
+        }
         // The kernel's parameters: a pointer to each argument's value, as the kernel declares it (a Parts is
         // six u64, laid out as the kernels' struct).
         let mut params: Vec<*mut c_void> = self

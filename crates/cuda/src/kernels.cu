@@ -33,10 +33,31 @@ __device__ __forceinline__ void pdl_launch_next() {
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
+// With DELTAFIN_TIMELINE (`run --timeline`, crates/cuda/src/timeline.rs) thread 0 of every block also notes when
+// it is past the wait (%globaltimer, ns): when the kernel before it has finished.
+#ifdef DELTAFIN_TIMELINE
+#define TIMELINE_CAP (1 << 20)
+__device__ unsigned long long timeline[TIMELINE_CAP];
+__device__ unsigned int timeline_n;
+#endif
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#ifdef DELTAFIN_TIMELINE
+    if (threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        unsigned int i = atomicAdd(&timeline_n, 1u);
+        if (i < TIMELINE_CAP) timeline[i] = t;
+    }
+#endif
+}
+
+// After a pass's last kernel, with the timeline on only: its note is when that kernel finished.
+extern "C" __global__ void timeline_mark() {
+    pdl_launch_next();
+    pdl_wait();
 }
 
 // The lane tree; lane 0 ends with the sum.

@@ -16,6 +16,7 @@ pub mod gpu;
 mod model;
 pub mod plan;
 pub mod probe;
+pub mod timeline;
 
 pub use gpu::availability;
 pub use model::{CudaCounters, CudaModel, CudaOptions, CudaSession, RecordLayout};

@@ -29,6 +29,8 @@ pub struct CudaOptions {
     /// VRAM for the spine's layers (the two streaming buffers count against it when any layer streams);
     /// default: every layer, or what fits in free memory less 4 GiB.
     pub spine_vram: Option<u64>,
+    /// `run --timeline`: note where each decode step's time goes (timeline.rs).
+    pub timeline: bool,
 }
 
 /// What the expert path did on the device (cumulative).
@@ -500,6 +502,10 @@ impl Backend for CudaModel {
         let mut arena = self.arena.lock().unwrap();
         self.size_arena(&mut arena, n, s.pos)?;
         let mut held = Vec::new();
+        if let Some(t) = &self.gpu.timeline {
+            t.begin();
+            self.gpu.htod_sync(t.count, &[0u32])?;
+        }
         let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         let _ = self.gpu.stream.synchronize();
@@ -508,6 +514,11 @@ impl Backend for CudaModel {
         let _ = self.gpu.prep.synchronize();
         drop(held);
         let out = result?;
+        // A decode step's notes (a longer pass's blocks may wait more than once).
+        if let Some(t) = self.gpu.timeline.as_ref().filter(|_| n == 1) {
+            let count = self.gpu.dtoh::<u32>(t.count, 1)?[0] as usize;
+            t.end_step(&mut self.gpu.dtoh::<u64>(t.notes, count.min(t.cap))?);
+        }
         s.pos += n;
         Ok(out)
     }
@@ -577,7 +588,7 @@ impl CudaModel {
                 cfg.num_layers
             );
         }
-        let gpu = Gpu::open(opts.ordinal)?;
+        let gpu = Gpu::open(opts.ordinal, opts.timeline)?;
         let ck = Checkpoint::open(dir)?;
         let (store, layout) = open_store(dir, &cfg, load)?;
         // Whole 32-element blocks per row; every tensor of a record then starts 16-byte aligned.
@@ -928,6 +939,11 @@ impl CudaModel {
         self.slab_registered
     }
 
+    /// With `timeline` on: the `[timeline]` table of the decode steps so far.
+    pub fn timeline_report(&self) -> Option<String> {
+        self.gpu.timeline.as_ref().map(|t| t.report())
+    }
+
     pub fn counters(&self) -> CudaCounters {
         self.cache.lock().unwrap().counters.clone()
     }
@@ -1047,6 +1063,7 @@ impl CudaModel {
             (matmul_ring_bytes(w.cols) + 4 * n.min(tile) * w.cols) as u32,
         )
         .on(if mm.side { On::Side } else { On::Compute })
+        .shape(w.rows, w.cols)
         .p(w.ptr())
         .p(x)
         .p(y)
@@ -1251,6 +1268,9 @@ impl CudaModel {
             ..Mm::default()
         };
         let logits = self.mm_with(a, &self.lm_head, f, m, norm)?;
+        if self.gpu.timeline.is_some() {
+            Launch::new(&self.gpu, "timeline_mark", (1, 1), 32, 0).go()?;
+        }
         self.gpu.dtoh(logits, m * self.cfg.vocab_size)
     }
 

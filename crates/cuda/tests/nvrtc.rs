@@ -19,7 +19,7 @@ fn ptx(arch: &'static str) -> &'static str {
             "libnvrtc.so.13 (or .12) is not on the library path: run ./test.sh, which installs it from PyPI \
              (nvidia-cuda-nvrtc) and adds it to LD_LIBRARY_PATH"
         );
-        compile(Some(arch))
+        compile(Some(arch), false)
             .unwrap_or_else(|e| panic!("{arch}: {e:#}"))
             .to_src()
     })
@@ -41,6 +41,27 @@ fn every_kernel_compiles_through_nvrtc() {
             "{arch}: the explicit fmas are gone"
         );
     }
+}
+
+/// `run --timeline` compiles the kernels with DELTAFIN_TIMELINE: each block notes the time it is past its wait in
+/// the `timeline` buffer the host reads (timeline.rs), which only that build has.
+#[test]
+fn the_timeline_build_compiles_with_its_notes() {
+    let with = compile(Some("compute_90"), true)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .to_src();
+    for symbol in [
+        " timeline[",
+        " timeline_n",
+        "%globaltimer",
+        ".entry timeline_mark(",
+    ] {
+        assert!(with.contains(symbol), "the timeline build lacks {symbol:?}");
+    }
+    assert!(
+        !ptx("compute_90").contains("%globaltimer"),
+        "the plain build notes times"
+    );
 }
 
 /// On sm_90 and later the compute stream's kernels are programmatic dependent launches: one that never waited
