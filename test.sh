@@ -7,10 +7,12 @@ cd "$(dirname "$0")"
 if ! python3 -c "import numpy" 2>/dev/null; then
   python3 -m pip install --quiet numpy
 fi
-# The server's client test drives it with the official OpenAI Python SDK.
-if ! python3 -c "import openai" 2>/dev/null; then
-  python3 -m pip install --quiet openai
-fi
+# The server's client tests drive it with the official OpenAI and Anthropic Python SDKs.
+for sdk in openai anthropic; do
+  if ! python3 -c "import $sdk" 2>/dev/null; then
+    python3 -m pip install --quiet "$sdk"
+  fi
+done
 
 # The CUDA kernels are compiled by NVRTC in a test (no GPU needed); the library comes from PyPI.
 NVRTC_DIR=target/nvrtc

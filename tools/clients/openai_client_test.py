@@ -3,7 +3,7 @@
 streaming), completions, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
 
 Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY
-Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/openai_client.rs.
+Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/clients.rs.
 """
 
 import argparse

@@ -8,14 +8,16 @@
 pub struct Released {
     /// Bytes that can no longer be part of a stop string (when `stopped`: everything before the match).
     pub bytes: Vec<u8>,
-    /// A stop string matched; generation should end, and nothing after the match is ever released.
-    pub stopped: bool,
+    /// A stop string matched (its index among those given to [`StopMatcher::new`]); generation should end,
+    /// and nothing after the match is ever released.
+    pub stopped: Option<usize>,
 }
 
 pub struct StopMatcher {
-    stops: Vec<Vec<u8>>,
+    /// (index given, bytes), the empty ones left out.
+    stops: Vec<(usize, Vec<u8>)>,
     held: Vec<u8>,
-    stopped: bool,
+    stopped: Option<usize>,
 }
 
 impl StopMatcher {
@@ -24,37 +26,43 @@ impl StopMatcher {
         StopMatcher {
             stops: stops
                 .iter()
-                .map(|s| s.as_ref().to_vec())
-                .filter(|s| !s.is_empty())
+                .enumerate()
+                .map(|(i, s)| (i, s.as_ref().to_vec()))
+                .filter(|(_, s)| !s.is_empty())
                 .collect(),
             held: Vec::new(),
-            stopped: false,
+            stopped: None,
         }
     }
 
     pub fn push(&mut self, bytes: &[u8]) -> Released {
-        if self.stopped {
+        if self.stopped.is_some() {
             return Released {
                 bytes: Vec::new(),
-                stopped: true,
+                stopped: self.stopped,
             };
         }
         self.held.extend_from_slice(bytes);
-        let first_match = self.stops.iter().filter_map(|s| find(&self.held, s)).min();
-        if let Some(at) = first_match {
-            self.stopped = true;
+        // The earliest match; of two at one place, the first given.
+        let first_match = self
+            .stops
+            .iter()
+            .filter_map(|(i, s)| find(&self.held, s).map(|at| (at, *i)))
+            .min();
+        if let Some((at, i)) = first_match {
+            self.stopped = Some(i);
             let mut before = std::mem::take(&mut self.held);
             before.truncate(at);
             return Released {
                 bytes: before,
-                stopped: true,
+                stopped: self.stopped,
             };
         }
         // Keep the longest tail that is a proper prefix of some stop string.
         let keep = self
             .stops
             .iter()
-            .map(|s| {
+            .map(|(_, s)| {
                 (1..s.len().min(self.held.len() + 1))
                     .rev()
                     .find(|&k| self.held.ends_with(&s[..k]))
@@ -65,7 +73,7 @@ impl StopMatcher {
         let tail = self.held.split_off(self.held.len() - keep);
         Released {
             bytes: std::mem::replace(&mut self.held, tail),
-            stopped: false,
+            stopped: None,
         }
     }
 
@@ -83,28 +91,28 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// Feeds `pieces` and returns (released text, stopped).
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+    /// Feeds `pieces` and returns (released text, the stop that matched).
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, Option<usize>) {
         let mut m = StopMatcher::new(stops);
         let mut out = Vec::new();
         for p in pieces {
             let r = m.push(p.as_bytes());
             out.extend(r.bytes);
-            if r.stopped {
-                return (String::from_utf8(out).unwrap(), true);
+            if r.stopped.is_some() {
+                return (String::from_utf8(out).unwrap(), r.stopped);
             }
         }
         out.extend(m.flush());
-        (String::from_utf8(out).unwrap(), false)
+        (String::from_utf8(out).unwrap(), None)
     }
 
     #[test]
     fn a_stop_split_across_tokens_is_found_and_never_released() {
         assert_eq!(
             run(&["END"], &["hello E", "N", "D tail"]),
-            ("hello ".into(), true)
+            ("hello ".into(), Some(0))
         );
-        assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
+        assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), Some(0)));
     }
 
     #[test]
@@ -113,12 +121,14 @@ mod tests {
         assert_eq!(m.push(b"xa").bytes, b"x");
         assert_eq!(m.push(b"b").bytes, b"");
         assert_eq!(m.push(b"d").bytes, b"abd");
-        assert_eq!(run(&["abc"], &["ab"]), ("ab".into(), false));
+        assert_eq!(run(&["abc"], &["ab"]), ("ab".into(), None));
     }
 
     #[test]
     fn the_earliest_of_several_stops_wins() {
-        assert_eq!(run(&["zz", "b"], &["abzz"]), ("a".into(), true));
-        assert_eq!(run(&["", "q"], &["abc"]), ("abc".into(), false));
+        assert_eq!(run(&["zz", "b"], &["abzz"]), ("a".into(), Some(1)));
+        assert_eq!(run(&["", "q"], &["qabc"]), ("".into(), Some(1)));
+        assert_eq!(run(&["ab", "a"], &["xab"]), ("x".into(), Some(0)));
+        assert_eq!(run(&["", "q"], &["abc"]), ("abc".into(), None));
     }
 }

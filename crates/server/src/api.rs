@@ -62,6 +62,11 @@ pub struct Fields {
 impl Fields {
     /// Parses a JSON object and rejects any field outside `known` (and the common ones).
     pub fn parse(body: &[u8], known: &[&str]) -> Result<Fields, ApiError> {
+        Fields::parse_against(body, known, COMMON)
+    }
+
+    /// Parses a JSON object and rejects any field outside `known` and `common`.
+    pub fn parse_against(body: &[u8], known: &[&str], common: &[&str]) -> Result<Fields, ApiError> {
         let value: Value = serde_json::from_slice(body).map_err(|e| {
             ApiError::invalid("body", format!("the request body is not valid JSON: {e}"))
         })?;
@@ -83,7 +88,7 @@ impl Fields {
                     )
                     .code("unsupported_parameter"));
                 }
-            } else if !COMMON.contains(&key.as_str()) && !IGNORED.contains(&key.as_str()) {
+            } else if !common.contains(&key.as_str()) && !IGNORED.contains(&key.as_str()) {
                 return Err(ApiError::invalid(
                     key.clone(),
                     format!("Unrecognized request argument supplied: {key}"),
@@ -104,7 +109,18 @@ impl Fields {
         }
     }
 
-    fn raw(&self, name: &str) -> Option<&Value> {
+    /// A non-empty list field.
+    pub fn list(&self, name: &str) -> Result<&[Value], ApiError> {
+        match self.raw(name) {
+            Some(Value::Array(items)) if !items.is_empty() => Ok(items),
+            _ => Err(ApiError::invalid(
+                name,
+                format!("'{name}' must be a non-empty list"),
+            )),
+        }
+    }
+
+    pub fn raw(&self, name: &str) -> Option<&Value> {
         self.map.get(name).filter(|v| !v.is_null())
     }
 }
@@ -142,20 +158,7 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
             format!("deltafin generates one choice per request; 'n' must be 1, got {n}"),
         ));
     }
-    let temperature: f32 = f.get("temperature")?.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("temperature must be in [0, 2], got {temperature}"),
-        ));
-    }
-    let top_p: f32 = f.get("top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            "top_p",
-            format!("top_p must be in (0, 1], got {top_p}"),
-        ));
-    }
+    let (temperature, top_p) = temperature_top_p(f, 2.0)?;
     let penalty = |name: &str| -> Result<f32, ApiError> {
         let v: f32 = f.get(name)?.unwrap_or(0.0);
         if !(-2.0..=2.0).contains(&v) {
@@ -258,6 +261,25 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
     })
 }
 
+/// `temperature` (in [0, `max`], default 1) and `top_p` (in (0, 1], default 1).
+pub fn temperature_top_p(f: &Fields, max: f32) -> Result<(f32, f32), ApiError> {
+    let temperature: f32 = f.get("temperature")?.unwrap_or(1.0);
+    if !(0.0..=max).contains(&temperature) {
+        return Err(ApiError::invalid(
+            "temperature",
+            format!("temperature must be in [0, {max}], got {temperature}"),
+        ));
+    }
+    let top_p: f32 = f.get("top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            "top_p",
+            format!("top_p must be in (0, 1], got {top_p}"),
+        ));
+    }
+    Ok((temperature, top_p))
+}
+
 /// `logit_bias`: `{"token id": bias}`, each bias in [-100, 100] (ids are checked against the vocabulary
 /// when the request is planned).
 fn logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -299,7 +321,7 @@ fn logit_bias(f: &Fields) -> Result<Vec<(u32, f32)>, ApiError> {
 }
 
 /// Without a seed, each request draws its own (sampling is still reproducible given the seed).
-fn random_seed() -> u64 {
+pub fn random_seed() -> u64 {
     use std::collections::hash_map::RandomState;
     use std::hash::BuildHasher;
     RandomState::new().hash_one(std::time::SystemTime::now())
@@ -326,19 +348,8 @@ pub struct Tools {
 pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let f = Fields::parse(body, CHAT_ONLY)?;
     let common = common(&f, Some("max_completion_tokens"))?;
-    let Some(Value::Array(raw)) = f.raw("messages") else {
-        return Err(ApiError::invalid(
-            "messages",
-            "'messages' must be a non-empty list",
-        ));
-    };
-    if raw.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "'messages' must be a non-empty list",
-        ));
-    }
-    let messages = raw
+    let messages = f
+        .list("messages")?
         .iter()
         .enumerate()
         .map(|(i, m)| message(i, m))

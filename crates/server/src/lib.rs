@@ -1,5 +1,6 @@
 //! deltafin's OpenAI-compatible HTTP API (axum on tokio): `/v1/models`, `/v1/chat/completions`,
-//! `/v1/completions` (streaming and not), `/health`, `/metrics`.
+//! `/v1/completions` (streaming and not), Anthropic's `/v1/messages` (and its `count_tokens`), `/health`,
+//! `/metrics`.
 //!
 //! Model work never runs on the async runtime: each request becomes a [`Job`] for the engine's [`Scheduler`]
 //! (one worker thread, fair round-robin, bounded queue), and its tokens come back over a channel. A client that
@@ -9,6 +10,7 @@ mod api;
 mod chat;
 mod cli;
 mod error;
+mod messages;
 mod metrics;
 mod respond;
 mod sink;
@@ -157,6 +159,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(respond::model))
         .route("/v1/chat/completions", post(respond::chat))
         .route("/v1/completions", post(respond::completions))
+        .route("/v1/messages", post(respond::messages))
+        .route("/v1/messages/count_tokens", post(respond::count_tokens))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -180,19 +184,26 @@ fn router(state: Arc<AppState>) -> Router {
 
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.cfg.api_key {
-        let given = req
-            .headers()
+        // OpenAI's clients send the key as a bearer token, Anthropic's in x-api-key.
+        let headers = req.headers();
+        let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
-            return ApiError::new(
+            let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or incorrect API key: send 'Authorization: Bearer <key>'",
+                "missing or incorrect API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
             )
             .code("invalid_api_key")
-            .into_response();
+            ;
+            return if req.uri().path().starts_with("/v1/messages") {
+                messages::error_response(e)
+            } else {
+                e.into_response()
+            };
         }
     }
     next.run(req).await

@@ -12,6 +12,8 @@ use std::sync::Mutex;
 pub const ENDPOINTS: &[&str] = &[
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/models",
     "/health",
     "/metrics",

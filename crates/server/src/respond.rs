@@ -3,6 +3,7 @@
 use crate::api::{self, Common, Prompt};
 use crate::chat::{self, ReasoningEffort};
 use crate::error::ApiError;
+use crate::messages::{self, Blocks};
 use crate::metrics;
 use crate::sink::{ChannelSink, LogprobItem, Msg, Usage};
 use crate::AppState;
@@ -14,7 +15,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use deltafin_engine::{Job, Rejected, Request};
-use deltafin_tokenizer::chat::{k3_tools_message, ChatTemplate, ToolCall};
+use deltafin_tokenizer::chat::{k3_tools_message, ToolCall};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -67,7 +68,7 @@ pub async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint; deltafin serves /v1/models, /v1/chat/completions, /v1/completions, /health and /metrics",
+        "no such endpoint; deltafin serves /v1/models, /v1/chat/completions, /v1/completions, /v1/messages, /health and /metrics",
     )
 }
 
@@ -109,14 +110,24 @@ struct Planned {
     stream: bool,
 }
 
+/// Which API a request came through, which decides how it is answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+    /// Anthropic's Messages.
+    Messages,
+}
+
 #[derive(Clone)]
 struct Format {
-    chat: bool,
+    kind: Kind,
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
     logprobs: bool,
+    prompt_tokens: usize,
 }
 
 pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
@@ -127,6 +138,18 @@ pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> 
     respond(plan_completion(&s, b)).await
 }
 
+/// Anthropic's Messages: the chat path, with Anthropic's reply, stream and error shapes.
+pub async fn messages(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
+    let planned = body(b)
+        .and_then(|b| messages::parse(&b))
+        .and_then(|req| plan_chat_request(&s, req, Kind::Messages));
+    match planned {
+        Err(e) => messages::error_response(e),
+        Ok(p) if p.stream => stream(p),
+        Ok(p) => collect(p).await.unwrap_or_else(messages::error_response),
+    }
+}
+
 async fn respond(planned: Result<Planned, ApiError>) -> Response {
     match planned {
         Err(e) => e.into_response(),
@@ -135,23 +158,26 @@ async fn respond(planned: Result<Planned, ApiError>) -> Response {
     }
 }
 
+/// Anthropic's token count: the prompt a Messages request would have, `{"input_tokens": N}`.
+pub async fn count_tokens(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
+    body(b)
+        .and_then(|b| messages::parse_count(&b))
+        .and_then(|req| chat_prompt(&s, &req, Kind::Messages))
+        .map_or_else(messages::error_response, |prompt| {
+            Json(json!({"input_tokens": prompt.len()})).into_response()
+        })
+}
+
 fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
-    let req = api::chat(&body(b)?)?;
-    check_model(s, &req.common)?;
-    let written = s.chat.as_ref().map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            format!("this model cannot chat: {e}; use /v1/completions"),
-        )
-    })?;
+    plan_chat_request(s, api::chat(&body(b)?)?, Kind::Chat)
+}
+
+fn plan_chat_request(s: &AppState, req: api::ChatRequest, kind: Kind) -> Result<Planned, ApiError> {
+    let prompt = chat_prompt(s, &req, kind)?;
     let (tx, rx) = unbounded_channel();
-    let (prompt, sink) = match written {
-        chat::Format::K3(markup) => k3_chat(s, &req, markup, tx),
-        chat::Format::Template(template) => template_chat(s, &req, template, tx)?,
-    };
+    let sink = chat_sink(s, &req, tx)?;
     let default_max = s.cfg.default_max_tokens;
-    let format = format(s, true, &req.common, req.top_logprobs.is_some());
+    let format = format(s, kind, &req.common, req.top_logprobs.is_some(), &prompt);
     submit(
         s,
         prompt,
@@ -168,39 +194,31 @@ fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, 
     })
 }
 
-/// K3's prompt (with the tools' system message when tools are offered) and a sink that parses its reply.
-fn k3_chat(
-    s: &AppState,
-    req: &api::ChatRequest,
-    markup: &chat::Markup,
-    tx: UnboundedSender<Msg>,
-) -> (Vec<u32>, ChannelSink) {
-    let listed = req.tools.listed.as_deref().map(k3_tools_message);
-    let messages: Vec<_> = listed
-        .into_iter()
-        .chain(req.messages.iter().cloned())
-        .collect();
-    let prompt = req.effort.render(&s.tokenizer, &messages);
-    let sink = ChannelSink::chat(
-        s.tokenizer.clone(),
-        markup,
-        req.effort,
-        &req.tools,
-        &req.common.stop,
-        s.stop_ids.clone(),
-        tx,
-    );
-    (prompt, sink)
+fn chat_format(s: &AppState) -> Result<&chat::Format, ApiError> {
+    s.chat.as_ref().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("this model cannot chat: {e}; use /v1/completions"),
+        )
+    })
 }
 
-/// The checkpoint template's prompt; the reply is all content. What only K3's format expresses is refused,
-/// not ignored.
-fn template_chat(
-    s: &AppState,
-    req: &api::ChatRequest,
-    template: &ChatTemplate,
-    tx: UnboundedSender<Msg>,
-) -> Result<(Vec<u32>, ChannelSink), ApiError> {
+/// A chat request's prompt: K3's (with the tools' system message when tools are offered), or the
+/// checkpoint template's, which refuses what only K3's format expresses rather than ignoring it.
+fn chat_prompt(s: &AppState, req: &api::ChatRequest, kind: Kind) -> Result<Vec<u32>, ApiError> {
+    check_model(s, &req.common)?;
+    let template = match chat_format(s)? {
+        chat::Format::K3(_) => {
+            let listed = req.tools.listed.as_deref().map(k3_tools_message);
+            let messages: Vec<_> = listed
+                .into_iter()
+                .chain(req.messages.iter().cloned())
+                .collect();
+            return Ok(req.effort.render(&s.tokenizer, &messages));
+        }
+        chat::Format::Template(template) => template,
+    };
     if req.tools.listed.is_some() {
         return Err(ApiError::invalid(
             "tools",
@@ -210,9 +228,14 @@ fn template_chat(
         .code("unsupported_parameter"));
     }
     if req.effort != ReasoningEffort::Think(None) {
+        let field = if kind == Kind::Messages {
+            "thinking"
+        } else {
+            "reasoning_effort"
+        };
         return Err(ApiError::invalid(
-            "reasoning_effort",
-            "reasoning_effort applies to K3's thinking; this model's template has none",
+            field,
+            format!("{field} applies to K3's thinking; this model's template has none"),
         )
         .code("unsupported_parameter"));
     }
@@ -222,13 +245,22 @@ fn template_chat(
             format!("the model's chat template refused them: {e:#}"),
         )
     })?;
-    let sink = ChannelSink::completion(
-        s.tokenizer.clone(),
-        &req.common.stop,
-        s.stop_ids.clone(),
-        tx,
-    );
-    Ok((s.tokenizer.encode_pieces(&pieces), sink))
+    Ok(s.tokenizer.encode_pieces(&pieces))
+}
+
+/// The sink of a chat reply: K3's parses reasoning and tool calls; a template's reply is all content.
+fn chat_sink(
+    s: &AppState,
+    req: &api::ChatRequest,
+    tx: UnboundedSender<Msg>,
+) -> Result<ChannelSink, ApiError> {
+    let (tok, stop, ids) = (s.tokenizer.clone(), &req.common.stop, s.stop_ids.clone());
+    Ok(match chat_format(s)? {
+        chat::Format::K3(markup) => {
+            ChannelSink::chat(tok, markup, req.effort, &req.tools, stop, ids, tx)
+        }
+        chat::Format::Template(_) => ChannelSink::completion(tok, stop, ids, tx),
+    })
 }
 
 fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, ApiError> {
@@ -256,7 +288,13 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
         s.stop_ids.clone(),
         tx,
     );
-    let format = format(s, false, &req.common, req.logprobs.is_some());
+    let format = format(
+        s,
+        Kind::Completion,
+        &req.common,
+        req.logprobs.is_some(),
+        &prompt,
+    );
     submit(s, prompt, &req.common, 16, req.logprobs, Box::new(sink))?;
     Ok(Planned {
         rx,
@@ -273,21 +311,22 @@ fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn format(s: &AppState, chat: bool, c: &Common, logprobs: bool) -> Format {
+fn format(s: &AppState, kind: Kind, c: &Common, logprobs: bool, prompt: &[u32]) -> Format {
     let n = s.next_id.fetch_add(1, Ordering::Relaxed);
     Format {
-        chat,
-        id: format!(
-            "{}-{:x}-{n}",
-            if chat { "chatcmpl" } else { "cmpl" },
-            s.created
-        ),
+        kind,
+        id: match kind {
+            Kind::Chat => format!("chatcmpl-{:x}-{n}", s.created),
+            Kind::Completion => format!("cmpl-{:x}-{n}", s.created),
+            Kind::Messages => format!("msg_{:x}{n:06}", s.created),
+        },
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         model: s.cfg.model_name.clone(),
         include_usage: c.include_usage,
         logprobs,
+        prompt_tokens: prompt.len(),
     }
 }
 
@@ -363,7 +402,7 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
     let mut calls = Vec::new();
     loop {
         match p.rx.recv().await {
-            Some(Msg::ToolCall { index, call }) => calls.push(tool_call_json(index, &call)),
+            Some(Msg::ToolCall { index, call }) => calls.push((index, call)),
             Some(Msg::Delta {
                 reasoning: r,
                 content: c,
@@ -375,11 +414,24 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
             }
             Some(Msg::Done {
                 finish_reason,
+                stop_sequence,
                 usage,
             }) => {
                 let f = &p.format;
-                let lp = f.logprobs.then(|| logprobs_json(f.chat, &logprobs));
-                let choice = if f.chat {
+                if f.kind == Kind::Messages {
+                    let uses: Vec<Value> = calls
+                        .iter()
+                        .map(|(i, c)| messages::tool_use(&f.id, *i, c))
+                        .collect();
+                    let stop = messages::stop_reason(finish_reason, &stop_sequence);
+                    let blocks = messages::content(&reasoning, &content, uses);
+                    let reply =
+                        messages::reply(&f.id, &f.model, blocks, stop, stop_sequence, &usage);
+                    return Ok(Json(reply).into_response());
+                }
+                let chat = f.kind == Kind::Chat;
+                let lp = f.logprobs.then(|| logprobs_json(chat, &logprobs));
+                let choice = if chat {
                     let mut message =
                         json!({"role": "assistant", "content": content, "refusal": null});
                     if !reasoning.is_empty() {
@@ -390,7 +442,8 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
                         if content.is_empty() {
                             message["content"] = Value::Null;
                         }
-                        message["tool_calls"] = Value::Array(std::mem::take(&mut calls));
+                        message["tool_calls"] =
+                            calls.iter().map(|(i, c)| tool_call_json(*i, c)).collect();
                     }
                     json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_reason})
                 } else {
@@ -398,7 +451,7 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
                 };
                 return Ok(Json(json!({
                     "id": f.id,
-                    "object": if f.chat { "chat.completion" } else { "text_completion" },
+                    "object": if chat { "chat.completion" } else { "text_completion" },
                     "created": f.created,
                     "model": f.model,
                     "choices": [choice],
@@ -480,12 +533,22 @@ fn stream(p: Planned) -> Response {
         rx: p.rx,
         pending: VecDeque::new(),
         done: false,
+        blocks: None,
         format: p.format,
     };
-    if events.format.chat {
+    let f = &events.format;
+    match f.kind {
         // The role comes first, before the prompt is computed (OpenAI's first chunk).
-        let first = events.chunk(json!({"role": "assistant", "content": ""}), None, None);
-        events.pending.push_back(first);
+        Kind::Chat => {
+            let first = events.chunk(json!({"role": "assistant", "content": ""}), None, None);
+            events.pending.push_back(first);
+        }
+        Kind::Messages => {
+            let (blocks, start) = Blocks::start(&f.id, &f.model, f.prompt_tokens);
+            events.blocks = Some(blocks);
+            events.pending.push_back(start);
+        }
+        Kind::Completion => {}
     }
     (
         [("x-accel-buffering", "no")],
@@ -494,19 +557,23 @@ fn stream(p: Planned) -> Response {
         .into_response()
 }
 
-/// Turns the job's messages into SSE events; ends after `data: [DONE]` (or an error event).
+/// Turns the job's messages into SSE events; ends after `data: [DONE]` (Messages: `message_stop`) or an
+/// error event.
 struct EventStream {
     rx: UnboundedReceiver<Msg>,
     pending: VecDeque<Event>,
     done: bool,
+    /// Messages: the content blocks so far.
+    blocks: Option<Blocks>,
     format: Format,
 }
 
 impl EventStream {
     fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<&[LogprobItem]>) -> Event {
         let f = &self.format;
-        let lp = logprobs.map(|l| logprobs_json(f.chat, l));
-        let mut body = if f.chat {
+        let chat = f.kind == Kind::Chat;
+        let lp = logprobs.map(|l| logprobs_json(chat, l));
+        let mut body = if chat {
             json!({
                 "id": f.id, "object": "chat.completion.chunk", "created": f.created, "model": f.model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
@@ -524,6 +591,29 @@ impl EventStream {
     }
 
     fn on(&mut self, msg: Option<Msg>) {
+        if let Some(blocks) = &mut self.blocks {
+            let mut out = Vec::new();
+            match msg {
+                Some(Msg::Delta {
+                    reasoning, content, ..
+                }) => blocks.delta(&reasoning, &content, &mut out),
+                Some(Msg::ToolCall { index, call }) => blocks.tool_call(index, &call, &mut out),
+                Some(Msg::Done {
+                    finish_reason,
+                    stop_sequence,
+                    usage,
+                }) => {
+                    let stop = messages::stop_reason(finish_reason, &stop_sequence);
+                    blocks.done(stop, stop_sequence, &usage, &mut out);
+                    self.done = true;
+                }
+                Some(Msg::Error(message)) => return self.fail(message),
+                None => return self.fail("the generation ended without a result".into()),
+            }
+            self.pending.extend(out);
+            return;
+        }
+        let chat = self.format.kind == Kind::Chat;
         match msg {
             Some(Msg::Delta {
                 reasoning,
@@ -531,7 +621,7 @@ impl EventStream {
                 logprobs,
             }) => {
                 let lp = self.format.logprobs.then_some(&logprobs[..]);
-                if self.format.chat {
+                if chat {
                     let mut delta = json!({});
                     if !reasoning.is_empty() {
                         delta["reasoning_content"] = json!(reasoning);
@@ -557,17 +647,14 @@ impl EventStream {
             Some(Msg::Done {
                 finish_reason,
                 usage,
+                ..
             }) => {
-                let empty = if self.format.chat {
-                    json!({})
-                } else {
-                    json!("")
-                };
+                let empty = if chat { json!({}) } else { json!("") };
                 let e = self.chunk(empty, Some(finish_reason), None);
                 self.pending.push_back(e);
                 if self.format.include_usage {
                     let f = &self.format;
-                    let object = if f.chat {
+                    let object = if chat {
                         "chat.completion.chunk"
                     } else {
                         "text_completion"
@@ -587,11 +674,14 @@ impl EventStream {
         }
     }
 
-    /// An error after the 200 status went out: an SSE event with OpenAI's error object, then the end.
+    /// An error after the 200 status went out: an SSE event with the API's error object, then the end.
     fn fail(&mut self, message: String) {
-        let body = generation_error(message).body();
-        self.pending
-            .push_back(Event::default().data(body.to_string()));
+        let e = if self.blocks.is_some() {
+            Blocks::error(&message)
+        } else {
+            Event::default().data(generation_error(message).body().to_string())
+        };
+        self.pending.push_back(e);
         self.done = true;
     }
 }
@@ -620,42 +710,35 @@ mod tests {
     use super::*;
     use tokio::sync::mpsc::UnboundedSender;
 
-    /// A chat answer planned over a channel the test writes: a sentence, two calls, the end.
-    fn planned(stream: bool) -> (Planned, UnboundedSender<Msg>) {
+    fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn delta(reasoning: &str, content: &str) -> Msg {
+        Msg::Delta {
+            reasoning: reasoning.into(),
+            content: content.into(),
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// An answer of `kind` planned over a channel the test has written `msgs` to.
+    fn planned(kind: Kind, stream: bool, msgs: Vec<Msg>) -> (Planned, UnboundedSender<Msg>) {
         let (tx, rx) = unbounded_channel();
         let format = Format {
-            chat: true,
-            id: "chatcmpl-t".into(),
+            kind,
+            id: "t".into(),
             created: 0,
             model: "m".into(),
             include_usage: false,
             logprobs: false,
+            prompt_tokens: 1,
         };
-        let call = |id: &str, name: &str| ToolCall {
-            id: id.into(),
-            name: name.into(),
-            arguments: "{}".into(),
-        };
-        let content = |c: &str| Msg::Delta {
-            reasoning: String::new(),
-            content: c.into(),
-            logprobs: Vec::new(),
-        };
-        for m in [
-            content(""),
-            Msg::ToolCall {
-                index: 0,
-                call: call("c1", "weather"),
-            },
-            Msg::ToolCall {
-                index: 1,
-                call: call("", "time"),
-            },
-            Msg::Done {
-                finish_reason: "tool_calls",
-                usage: Usage::default(),
-            },
-        ] {
+        for m in msgs {
             tx.send(m).unwrap();
         }
         let p = Planned {
@@ -667,6 +750,27 @@ mod tests {
         (p, tx)
     }
 
+    /// A chat reply of no text and two calls.
+    fn two_calls(stream: bool) -> (Planned, UnboundedSender<Msg>) {
+        let msgs = vec![
+            delta("", ""),
+            Msg::ToolCall {
+                index: 0,
+                call: call("c1", "weather", "{}"),
+            },
+            Msg::ToolCall {
+                index: 1,
+                call: call("", "time", "{}"),
+            },
+            Msg::Done {
+                finish_reason: "tool_calls",
+                stop_sequence: None,
+                usage: Usage::default(),
+            },
+        ];
+        planned(Kind::Chat, stream, msgs)
+    }
+
     async fn body(r: Response) -> String {
         let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         String::from_utf8(bytes.to_vec()).unwrap()
@@ -674,7 +778,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_plain_answer_lists_the_calls_with_null_content() {
-        let (p, _tx) = planned(false);
+        let (p, _tx) = two_calls(false);
         let v: Value = serde_json::from_str(&body(respond(Ok(p)).await).await).unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
@@ -690,7 +794,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_sends_each_call_whole_with_its_index() {
-        let (p, tx) = planned(true);
+        let (p, tx) = two_calls(true);
         drop(tx);
         let text = body(respond(Ok(p)).await).await;
         let chunks: Vec<Value> = text
@@ -715,5 +819,125 @@ mod tests {
             "tool_calls"
         );
         assert!(text.trim_end().ends_with("data: [DONE]"));
+    }
+
+    /// A Messages reply that thinks, writes, then calls two tools (one with arguments that are not JSON).
+    fn thinking_text_and_calls(stream: bool) -> (Planned, UnboundedSender<Msg>) {
+        let msgs = vec![
+            delta("Let me ", ""),
+            delta("see.", "Checking"),
+            delta("", "."),
+            Msg::ToolCall {
+                index: 0,
+                call: call("c1", "weather", r#"{"city":"Paris"}"#),
+            },
+            Msg::ToolCall {
+                index: 1,
+                call: call("", "time", "not json"),
+            },
+            Msg::Done {
+                finish_reason: "tool_calls",
+                stop_sequence: None,
+                usage: Usage {
+                    prompt_tokens: 30,
+                    cached_tokens: 10,
+                    completion_tokens: 7,
+                    reasoning_tokens: 3,
+                },
+            },
+        ];
+        planned(Kind::Messages, stream, msgs)
+    }
+
+    fn messages_blocks() -> Value {
+        json!([
+            {"type": "thinking", "thinking": "Let me see.", "signature": ""},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "c1", "name": "weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_t_1", "name": "time", "input": {"_raw_arguments": "not json"}},
+        ])
+    }
+
+    #[tokio::test]
+    async fn a_message_lists_thinking_text_and_tool_uses() {
+        let (p, _tx) = thinking_text_and_calls(false);
+        let r = collect(p).await.unwrap();
+        let v: Value = serde_json::from_str(&body(r).await).unwrap();
+        assert_eq!(v["content"], messages_blocks());
+        assert_eq!(v["stop_reason"], "tool_use");
+        assert_eq!(
+            v["usage"],
+            json!({"input_tokens": 20, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 10,
+                   "output_tokens": 7})
+        );
+    }
+
+    /// What a client that follows Anthropic's events builds: the content blocks, and the stop reason.
+    fn accumulate(events: &[(String, Value)]) -> (Value, Value) {
+        let mut blocks: Vec<Value> = Vec::new();
+        let mut json_parts: Vec<String> = Vec::new();
+        let mut stop = Value::Null;
+        for (name, d) in events {
+            match name.as_str() {
+                "content_block_start" => {
+                    assert_eq!(d["index"], blocks.len());
+                    blocks.push(d["content_block"].clone());
+                    json_parts.push(String::new());
+                }
+                "content_block_delta" => {
+                    let i = d["index"].as_u64().unwrap() as usize;
+                    assert_eq!(i + 1, blocks.len(), "deltas go to the open block");
+                    let delta = &d["delta"];
+                    match delta["type"].as_str().unwrap() {
+                        "thinking_delta" => {
+                            let t = blocks[i]["thinking"].as_str().unwrap().to_string();
+                            blocks[i]["thinking"] = json!(t + delta["thinking"].as_str().unwrap());
+                        }
+                        "text_delta" => {
+                            let t = blocks[i]["text"].as_str().unwrap().to_string();
+                            blocks[i]["text"] = json!(t + delta["text"].as_str().unwrap());
+                        }
+                        "input_json_delta" => {
+                            json_parts[i].push_str(delta["partial_json"].as_str().unwrap())
+                        }
+                        other => panic!("delta type {other}"),
+                    }
+                }
+                "content_block_stop" => {
+                    let i = d["index"].as_u64().unwrap() as usize;
+                    if blocks[i]["type"] == "tool_use" {
+                        blocks[i]["input"] = serde_json::from_str(&json_parts[i]).unwrap();
+                    }
+                }
+                "message_delta" => stop = d["delta"]["stop_reason"].clone(),
+                _ => {}
+            }
+        }
+        (Value::Array(blocks), stop)
+    }
+
+    #[tokio::test]
+    async fn a_message_stream_builds_the_same_blocks() {
+        let (p, tx) = thinking_text_and_calls(true);
+        drop(tx);
+        let text = body(stream(p)).await;
+        let mut events = Vec::new();
+        let mut name = None;
+        for line in text.lines() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = Some(n.to_string());
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                events.push((
+                    name.take().unwrap(),
+                    serde_json::from_str::<Value>(d).unwrap(),
+                ));
+            }
+        }
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names[0], "message_start");
+        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+        let (blocks, stop) = accumulate(&events);
+        assert_eq!(blocks, messages_blocks());
+        assert_eq!(stop, "tool_use");
     }
 }

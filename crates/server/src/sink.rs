@@ -34,6 +34,8 @@ pub enum Msg {
     },
     Done {
         finish_reason: &'static str,
+        /// The stop string that ended the reply, if one did.
+        stop_sequence: Option<String>,
         usage: Usage,
     },
     Error(String),
@@ -60,8 +62,8 @@ impl TextOut {
         }
     }
 
-    /// (text released, stop string hit)
-    fn push(&mut self, text: &str) -> (String, bool) {
+    /// (text released, the index of the stop string hit)
+    fn push(&mut self, text: &str) -> (String, Option<usize>) {
         let r = self.stop.push(text.as_bytes());
         (String::from_utf8_lossy(&r.bytes).into_owned(), r.stopped)
     }
@@ -85,9 +87,12 @@ pub struct ChannelSink {
     tx: UnboundedSender<Msg>,
     mode: Mode,
     stop_ids: Vec<u32>,
+    stops: Vec<String>,
     reasoning: TextOut,
     content: TextOut,
     hit_stop: bool,
+    /// The stop string that ended the reply.
+    matched: Option<String>,
     reasoning_tokens: usize,
     tool_calls: usize,
 }
@@ -143,9 +148,11 @@ impl ChannelSink {
             tx,
             mode,
             stop_ids,
+            stops: stops.to_vec(),
             reasoning: TextOut::new(stops),
             content: TextOut::new(stops),
             hit_stop: false,
+            matched: None,
             reasoning_tokens: 0,
             tool_calls: 0,
         }
@@ -158,16 +165,16 @@ impl ChannelSink {
         for event in events {
             match event {
                 ReplyEvent::Reasoning(t) => {
-                    let (text, stopped) = self.reasoning.push(&t);
+                    let (text, hit) = self.reasoning.push(&t);
                     out.reasoning.push_str(&text);
-                    out.stopped = stopped;
+                    self.stop_hit(hit, &mut out);
                 }
                 ReplyEvent::Content(t) => {
                     // Reasoning held back for a possible stop string is complete once the answer starts.
                     out.reasoning.push_str(&self.reasoning.finish());
-                    let (text, stopped) = self.content.push(&t);
+                    let (text, hit) = self.content.push(&t);
                     out.content.push_str(&text);
-                    out.stopped = stopped;
+                    self.stop_hit(hit, &mut out);
                 }
                 ReplyEvent::ToolCall(call) => {
                     if let Mode::Chat(_, _, tools) = &self.mode {
@@ -183,6 +190,13 @@ impl ChannelSink {
             }
         }
         out
+    }
+
+    fn stop_hit(&mut self, hit: Option<usize>, out: &mut Routed) {
+        if let Some(i) = hit {
+            self.matched = Some(self.stops[i].clone());
+            out.stopped = true;
+        }
     }
 
     /// Sends what `route` gave: text first, then the calls, numbered across the reply.
@@ -297,6 +311,7 @@ impl Sink for ChannelSink {
         };
         let _ = self.tx.send(Msg::Done {
             finish_reason,
+            stop_sequence: self.matched.take(),
             usage: Usage {
                 prompt_tokens: f.prompt_tokens,
                 cached_tokens: f.cached_tokens,
