@@ -99,12 +99,6 @@ fn parse_as(body: &[u8], fields: &[&str]) -> Result<ChatRequest, ApiError> {
         None if counting => u64::MAX,
         None => return Err(ApiError::invalid("max_tokens", "'max_tokens' is required")),
     };
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "max_tokens must be at least 1 (0, which warms the prompt cache without a reply, is not supported)",
-        ));
-    }
     let (temperature, top_p) = temperature_top_p(&f, 1.0)?;
     let stop: Vec<String> = f.get("stop_sequences")?.unwrap_or_default();
     if stop.len() > MAX_STOP_SEQUENCES {

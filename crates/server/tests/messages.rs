@@ -126,6 +126,25 @@ fn a_message_is_the_chat_endpoints_reply_in_anthropics_shape() {
 }
 
 #[test]
+fn max_tokens_0_computes_the_prompt_into_the_prefix_cache() {
+    let s = start(config());
+    let long = "Experts stream from the drives while the spine stays in memory. ".repeat(4);
+    let first = json!({"role": "user", "content": long});
+    let warm = messages_body(json!({"max_tokens": 0, "messages": [first]}));
+    let warm = post(s.addr, "/v1/messages", &warm).json();
+    assert_eq!(warm["content"], json!([]));
+    assert_eq!(warm["stop_reason"], "max_tokens");
+    assert_eq!(warm["usage"]["output_tokens"], 0);
+    let prompt = warm["usage"]["input_tokens"].as_u64().unwrap();
+    // The conversation's next request reads the warmed prefix.
+    let next = messages_body(json!({"max_tokens": 4, "messages": [
+        first, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Why?"}]}));
+    let next = post(s.addr, "/v1/messages", &next).json();
+    let read = next["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(read, prompt, "{next}");
+}
+
+#[test]
 fn a_stop_sequence_ends_the_reply_and_is_named() {
     let s = start(config());
     let plain = post(
@@ -248,7 +267,6 @@ fn bad_requests_get_anthropic_errors_naming_the_field() {
     assert_eq!(denied.json()["error"]["type"], "authentication_error");
     let cases = [
         (json!({"max_tokens": null}), "max_tokens"),
-        (json!({"max_tokens": 0}), "max_tokens"),
         (json!({"temperature": 1.5}), "temperature"),
         (json!({"top_k": 5}), "top_k"),
         (json!({"stop": ["x"]}), "stop"),
