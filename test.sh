@@ -7,14 +7,13 @@ cd "$(dirname "$0")"
 if ! python3 -c "import numpy" 2>/dev/null; then
   python3 -m pip install --quiet numpy
 fi
-# The server's client tests drive it with the official OpenAI and Anthropic Python SDKs (the Anthropic one at
-# the version the test was written against: its arguments change between releases).
-if ! python3 -c "import openai" 2>/dev/null; then
-  python3 -m pip install --quiet openai
-fi
-if ! python3 -c "import anthropic, sys; sys.exit(anthropic.__version__ != '2.15.0')" 2>/dev/null; then
-  python3 -m pip install --quiet "anthropic==2.15.0"
-fi
+# The server's client tests drive it with the official OpenAI and Anthropic Python SDKs, at the versions the
+# tests were written against (their arguments change between releases).
+for sdk in openai==3.57.0 anthropic==2.15.0; do
+  if ! python3 -c "import ${sdk%%=*}, sys; sys.exit(${sdk%%=*}.__version__ != '${sdk##*=}')" 2>/dev/null; then
+    python3 -m pip install --quiet "$sdk"
+  fi
+done
 
 # The CUDA kernels are compiled by NVRTC in a test (no GPU needed); the library comes from PyPI.
 NVRTC_DIR=target/nvrtc

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives a running `deltafin serve` with the official `openai` Python package: models, chat (plain and
-streaming), completions, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
+streaming), completions, responses, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
 
 Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY
 Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/clients.rs.
@@ -104,6 +104,32 @@ def main():
     check(wc.message.tool_calls is None or all(c.type == "function" for c in wc.message.tool_calls),
           f"tool calls {wc.message.tool_calls}")
     check(w.usage.prompt_tokens > r.usage.prompt_tokens, "the tools and the history are in the prompt")
+
+    # The Responses API: the same greedy text as chat, whole and streamed; function-call history.
+    kw = dict(model=a.model, instructions="Be brief.", input="Say hi.", max_output_tokens=10, temperature=0,
+              reasoning={"effort": "none"}, store=False)
+    resp = client.responses.create(**kw)
+    check(resp.output_text == choice.message.content, f"responses {resp.output_text!r} vs {choice.message.content!r}")
+    check(resp.usage.input_tokens == r.usage.prompt_tokens, f"responses usage {resp.usage}")
+    deltas, final = "", None
+    for event in client.responses.create(stream=True, **kw):
+        if event.type == "response.output_text.delta":
+            deltas += event.delta
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    check(deltas == resp.output_text and final is not None and final.output_text == resp.output_text,
+          f"responses stream {deltas!r}")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}]
+    rt = client.responses.create(model=a.model, input=history, max_output_tokens=4,
+                                 tools=[{"type": "function", **tools[0]["function"]}], reasoning={"effort": "none"})
+    check(rt.status in ("completed", "incomplete"), f"responses with tools: {rt.status}")
+    try:
+        client.responses.create(previous_response_id="resp_x", **kw)
+        raise AssertionError("previous_response_id: expected a 400")
+    except openai.BadRequestError as e:
+        check("previous_response_id" in str(e), f"previous_response_id: {e}")
 
     # Errors are OpenAI-shaped and name the field.
     for kwargs, param in [(dict(n=2), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),

@@ -62,8 +62,8 @@ enum Command {
     CacheSim(store_cmds::CacheSimArgs),
     /// Decode benchmark on an I/O-shaped K3 (about 10 GB, created once): tok/s, bytes, hit rate, efficiency.
     Bench(bench::BenchArgs),
-    /// OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/messages, /v1/models,
-    /// /health, /metrics.
+    /// OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/responses,
+    /// /v1/messages, /v1/models, /health, /metrics.
     Serve(ServeCmd),
 }
 

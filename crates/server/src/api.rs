@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use deltafin_engine::SamplingParams;
 use deltafin_tokenizer::chat::{ChatMessage, Role, ToolCall};
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// Recognised OpenAI fields that deltafin does not implement (accepted only when null), unless an endpoint
 /// lists them as its own (chat takes the tool fields).
@@ -391,55 +391,82 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
 /// `tools` (function tools, checked field by field), `tool_choice` and `parallel_tool_calls`.
 fn tools(f: &Fields) -> Result<Tools, ApiError> {
     let parallel = f.get::<bool>("parallel_tool_calls")?.unwrap_or(true);
-    match f.raw("tool_choice") {
-        None => {}
-        Some(Value::String(c)) if c == "auto" || c == "none" => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "tool_choice must be \"auto\" or \"none\": deltafin never constrains sampling, so it cannot \
-                 force a call (\"required\" or a named function)",
-            )
-            .code("unsupported_parameter"))
-        }
+    let offer = tool_choice_offers(f.raw("tool_choice"))?;
+    let mut functions = Vec::new();
+    for (i, t) in tools_list(f.raw("tools"))?.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let (_, func) = function_entry(
+            &at,
+            t,
+            &[],
+            &["name", "description", "parameters", "strict"],
+        )?;
+        functions.push((format!("{at}.function"), func.clone()));
     }
-    let Some(raw) = f.raw("tools") else {
-        return Ok(Tools {
-            listed: None,
-            parallel,
-        });
-    };
-    let Value::Array(list) = raw else {
-        return Err(ApiError::invalid("tools", "'tools' must be a list"));
-    };
+    offer_tools(functions, offer, parallel)
+}
+
+/// `tools`, a list (absent: none).
+pub fn tools_list(v: Option<&Value>) -> Result<&[Value], ApiError> {
+    match v {
+        None => Ok(&[]),
+        Some(Value::Array(list)) => Ok(list),
+        Some(_) => Err(ApiError::invalid("tools", "'tools' must be a list")),
+    }
+}
+
+/// OpenAI's `tool_choice`: "auto" (the default) or "none" (the tools are not offered); whether to offer them.
+pub fn tool_choice_offers(v: Option<&Value>) -> Result<bool, ApiError> {
+    match v {
+        None => Ok(true),
+        Some(Value::String(c)) if c == "auto" || c == "none" => Ok(c == "auto"),
+        Some(_) => Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice must be \"auto\" or \"none\": deltafin never constrains sampling, so it cannot \
+             force a call (\"required\" or a named function)",
+        )
+        .code("unsupported_parameter")),
+    }
+}
+
+/// The tools a request offers: each function (its fields at `at`) checked by [`function`], the names unique,
+/// listed to the model in the chat endpoint's form unless `offer` is false.
+pub fn offer_tools(
+    functions: Vec<(String, Object)>,
+    offer: bool,
+    parallel: bool,
+) -> Result<Tools, ApiError> {
     let mut names = Vec::new();
-    for (i, t) in list.iter().enumerate() {
-        let name = tool(i, t)?;
+    let mut listed = Vec::with_capacity(functions.len());
+    for (at, func) in functions {
+        let name = function(&at, &func)?;
         if names.contains(&name) {
             return Err(ApiError::invalid(
-                format!("tools[{i}].function.name"),
+                format!("{at}.name"),
                 format!("two tools are named {name:?}"),
             ));
         }
         names.push(name);
+        listed.push(json!({"type": "function", "function": func}));
     }
-    let offered = !list.is_empty() && f.raw("tool_choice").and_then(Value::as_str) != Some("none");
     Ok(Tools {
-        listed: offered.then(|| raw.to_string()),
+        listed: (offer && !listed.is_empty()).then(|| Value::Array(listed).to_string()),
         parallel,
     })
 }
 
-/// Checks `tools[i]`, a function tool; returns its name.
-fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
-    let at = format!("tools[{i}]");
-    let (_, func) = function_entry(
-        &at,
-        t,
-        &[],
-        &["name", "description", "parameters", "strict"],
-    )?;
-    let at = |k: &str| format!("tools[{i}].function{k}");
+/// Checks a function's fields (at `at`): name, description, parameters, strict; returns its name.
+fn function(at: &str, func: &Object) -> Result<String, ApiError> {
+    if let Some(k) = func
+        .keys()
+        .find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
+    {
+        return Err(
+            ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
+                .code("unknown_parameter"),
+        );
+    }
+    let at = |k: &str| format!("{at}.{k}");
     let name = match func.get("name") {
         Some(Value::String(n))
             if (1..=64).contains(&n.len())
@@ -450,17 +477,17 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
         }
         _ => {
             return Err(ApiError::invalid(
-                at(".name"),
+                at("name"),
                 "a function's name must be 1 to 64 letters, digits, '_' or '-'",
             ))
         }
     };
     if !matches!(func.get("description"), None | Some(Value::String(_))) {
-        return Err(ApiError::invalid(at(".description"), "must be a string"));
+        return Err(ApiError::invalid(at("description"), "must be a string"));
     }
     if !matches!(func.get("parameters"), None | Some(Value::Object(_))) {
         return Err(ApiError::invalid(
-            at(".parameters"),
+            at("parameters"),
             "must be a JSON Schema object",
         ));
     }
@@ -468,7 +495,7 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
         None | Some(Value::Null) | Some(Value::Bool(false)) => {}
         Some(_) => {
             return Err(ApiError::invalid(
-                at(".strict"),
+                at("strict"),
                 "strict schemas are not supported: deltafin never constrains sampling",
             )
             .code("unsupported_parameter"))
@@ -477,7 +504,7 @@ fn tool(i: usize, t: &Value) -> Result<String, ApiError> {
     Ok(name)
 }
 
-type Object = Map<String, Value>;
+pub type Object = Map<String, Value>;
 
 /// `{"type": "function", "function": {...}}` at `at` (a tool, or an earlier call in a message), with
 /// `extra` the keys allowed beside those two and `inner` the function's: the entry and its function.
@@ -563,29 +590,7 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
     };
     let content = match o.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str);
-                match (kind, p.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("messages[{i}].content[{j}]"),
-                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-                        ))
-                    }
-                }
-            }
-            text
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                at("content"),
-                "content must be a string or a list of text parts",
-            ))
-        }
+        c => text_content(&at("content"), c, &["text"])?,
     };
     let string = |k: &str| -> Result<Option<String>, ApiError> {
         match o.get(k) {
@@ -622,6 +627,40 @@ fn message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         tool_call_id,
         ..ChatMessage::new(role, content)
     })
+}
+
+/// Message content at `at`: a string, or a list of text parts whose `type` is one of `kinds`, joined.
+pub fn text_content(at: &str, content: Option<&Value>, kinds: &[&str]) -> Result<String, ApiError> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match p.get("text").and_then(Value::as_str) {
+                    Some(t) if kinds.contains(&kind) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("{at}[{j}]"),
+                            format!(
+                                "only text parts ({{\"type\": {}, \"text\": ...}}) are supported",
+                                kinds
+                                    .iter()
+                                    .map(|k| format!("\"{k}\""))
+                                    .collect::<Vec<_>>()
+                                    .join(" or ")
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(
+            at,
+            "content must be a string or a list of text parts",
+        )),
+    }
 }
 
 /// An assistant message's earlier call: `{"id", "type": "function", "function": {"name", "arguments"}}`.

@@ -1,6 +1,6 @@
 //! deltafin's OpenAI-compatible HTTP API (axum on tokio): `/v1/models`, `/v1/chat/completions`,
-//! `/v1/completions` (streaming and not), Anthropic's `/v1/messages` (and its `count_tokens`), `/health`,
-//! `/metrics`.
+//! `/v1/completions`, `/v1/responses` (streaming and not), Anthropic's `/v1/messages` (and its
+//! `count_tokens`), `/health`, `/metrics`.
 //!
 //! Model work never runs on the async runtime: each request becomes a [`Job`] for the engine's [`Scheduler`]
 //! (one worker thread, fair round-robin, bounded queue), and its tokens come back over a channel. A client that
@@ -13,6 +13,7 @@ mod error;
 mod messages;
 mod metrics;
 mod respond;
+mod responses;
 mod sink;
 
 pub use cli::{run, ServeArgs};
@@ -161,6 +162,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(respond::completions))
         .route("/v1/messages", post(respond::messages))
         .route("/v1/messages/count_tokens", post(respond::count_tokens))
+        .route("/v1/responses", post(respond::responses))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)

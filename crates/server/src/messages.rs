@@ -3,16 +3,19 @@
 //! the reply's reasoning, text and tool calls come back as `thinking`, `text` and `tool_use` blocks, whole or
 //! as Anthropic's SSE events. Errors take Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 
-use crate::api::{random_seed, temperature_top_p, ChatRequest, Common, Fields, Tools};
+use crate::api::{
+    self, random_seed, temperature_top_p, ChatRequest, Common, Fields, Object, Tools,
+};
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
+use crate::respond::TypedEvents;
 use crate::sink::Usage;
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use deltafin_engine::SamplingParams;
 use deltafin_tokenizer::chat::{ChatMessage, Effort, Role, ToolCall};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 const FIELDS: &[&str] = &[
     "model",
@@ -36,14 +39,9 @@ const FIELDS: &[&str] = &[
     "speed",
     "service_tier",
     "user_profile_id",
-    // Not implemented: accepted only when null.
-    "top_k",
-    "container",
-    "mcp_servers",
-    "context_management",
-    "diagnostics",
 ];
 
+/// Not implemented: accepted only when null.
 const UNSUPPORTED: &[&str] = &[
     "top_k",
     "container",
@@ -55,8 +53,6 @@ const UNSUPPORTED: &[&str] = &[
 /// More stop strings than any client sends; each costs a scan of the held-back text per token.
 const MAX_STOP_SEQUENCES: usize = 64;
 
-type Object = Map<String, Value>;
-
 /// What `/v1/messages/count_tokens` reads: the prompt's fields.
 const COUNT_FIELDS: &[&str] = &[
     "model",
@@ -67,7 +63,6 @@ const COUNT_FIELDS: &[&str] = &[
     "thinking",
     "output_config",
     "cache_control",
-    "mcp_servers",
 ];
 
 /// Parses a Messages request into the chat request it asks for.
@@ -82,7 +77,7 @@ pub fn parse_count(body: &[u8]) -> Result<ChatRequest, ApiError> {
 
 fn parse_as(body: &[u8], fields: &[&str]) -> Result<ChatRequest, ApiError> {
     let counting = fields == COUNT_FIELDS;
-    let f = Fields::parse_against(body, fields, &[])?;
+    let f = Fields::parse_against(body, &[fields, UNSUPPORTED].concat(), &[])?;
     for &k in UNSUPPORTED {
         if f.raw(k).is_some() {
             return Err(
@@ -474,18 +469,8 @@ fn tools(list: Option<&Value>, choice: Option<&Value>) -> Result<Tools, ApiError
             }
         }
     }
-    let Some(list) = list else {
-        return Ok(Tools {
-            listed: None,
-            parallel,
-        });
-    };
-    let Value::Array(list) = list else {
-        return Err(ApiError::invalid("tools", "'tools' must be a list"));
-    };
-    let mut functions = Vec::with_capacity(list.len());
-    let mut names: Vec<&str> = Vec::new();
-    for (i, t) in list.iter().enumerate() {
+    let mut functions = Vec::new();
+    for (i, t) in api::tools_list(list)?.iter().enumerate() {
         let at = format!("tools[{i}]");
         let Value::Object(o) = t else {
             return Err(ApiError::invalid(at, "each tool must be an object"));
@@ -514,50 +499,23 @@ fn tools(list: Option<&Value>, choice: Option<&Value>) -> Result<Tools, ApiError
                     .code("unknown_parameter"),
             );
         }
-        let name = match o.get("name").and_then(Value::as_str) {
-            Some(n)
-                if (1..=64).contains(&n.len())
-                    && n.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
-            {
-                n
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    format!("{at}.name"),
-                    "a tool's name must be 1 to 64 letters, digits, '_' or '-'",
-                ))
-            }
-        };
-        if names.contains(&name) {
-            return Err(ApiError::invalid(
-                format!("{at}.name"),
-                format!("two tools are named {name:?}"),
-            ));
-        }
-        names.push(name);
-        if !matches!(o.get("description"), None | Some(Value::String(_))) {
-            return Err(ApiError::invalid(
-                format!("{at}.description"),
-                "must be a string",
-            ));
-        }
         let Some(schema @ Value::Object(_)) = o.get("input_schema") else {
             return Err(ApiError::invalid(
                 format!("{at}.input_schema"),
                 "a tool needs its input_schema, a JSON Schema object",
             ));
         };
-        let mut function = json!({"name": name, "parameters": schema});
-        if let Some(d) = o.get("description") {
-            function["description"] = d.clone();
+        // As the chat endpoint's function: name, description, and the schema as its parameters.
+        let mut function = Object::new();
+        for k in ["name", "description"] {
+            if let Some(v) = o.get(k) {
+                function.insert(k.into(), v.clone());
+            }
         }
-        functions.push(json!({"type": "function", "function": function}));
+        function.insert("parameters".into(), schema.clone());
+        functions.push((at, function));
     }
-    Ok(Tools {
-        listed: (offer && !functions.is_empty()).then(|| Value::Array(functions).to_string()),
-        parallel,
-    })
+    api::offer_tools(functions, offer, parallel)
 }
 
 /// A reply's stop reason in Anthropic's words, from the sink's finish reason.
@@ -682,7 +640,9 @@ impl Blocks {
             ),
         )
     }
+}
 
+impl Blocks {
     fn close(&mut self, out: &mut Vec<Event>) {
         if let Some((index, _)) = self.open.take() {
             out.push(event(
@@ -731,13 +691,15 @@ impl Blocks {
             json!({"type": "content_block_delta", "index": index, "delta": delta}),
         ));
     }
+}
 
-    pub fn delta(&mut self, reasoning: &str, content: &str, out: &mut Vec<Event>) {
+impl TypedEvents for Blocks {
+    fn delta(&mut self, reasoning: &str, content: &str, out: &mut Vec<Event>) {
         self.text(true, reasoning, out);
         self.text(false, content, out);
     }
 
-    pub fn tool_call(&mut self, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
+    fn tool_call(&mut self, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
         let mut block = tool_use(&self.id, index, call);
         let input = std::mem::replace(&mut block["input"], json!({}));
         let i = self.open(block, out);
@@ -752,14 +714,15 @@ impl Blocks {
         ));
     }
 
-    pub fn done(
+    fn done(
         &mut self,
-        stop_reason: &str,
+        finish_reason: &str,
         stop_sequence: Option<String>,
         usage: &Usage,
         out: &mut Vec<Event>,
     ) {
         self.close(out);
+        let stop_reason = stop_reason(finish_reason, &stop_sequence);
         out.push(event(
             "message_delta",
             json!({"type": "message_delta",
@@ -769,8 +732,7 @@ impl Blocks {
         out.push(event("message_stop", json!({"type": "message_stop"})));
     }
 
-    /// An error after the 200 status went out.
-    pub fn error(message: &str) -> Event {
+    fn error(&mut self, message: &str) -> Event {
         event(
             "error",
             json!({"type": "error", "error": {"type": "api_error", "message": message}}),

@@ -14,6 +14,7 @@ pub const ENDPOINTS: &[&str] = &[
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/v1/models",
     "/health",
     "/metrics",

@@ -5,6 +5,7 @@ use crate::chat::{self, ReasoningEffort};
 use crate::error::ApiError;
 use crate::messages::{self, Blocks};
 use crate::metrics;
+use crate::responses::{self, Items};
 use crate::sink::{ChannelSink, LogprobItem, Msg, Usage};
 use crate::AppState;
 use axum::body::Bytes;
@@ -68,7 +69,7 @@ pub async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
-        "no such endpoint; deltafin serves /v1/models, /v1/chat/completions, /v1/completions, /v1/messages, /health and /metrics",
+        "no such endpoint; deltafin serves /v1/models, /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /health and /metrics",
     )
 }
 
@@ -117,6 +118,23 @@ enum Kind {
     Completion,
     /// Anthropic's Messages.
     Messages,
+    /// OpenAI's Responses.
+    Responses,
+}
+
+/// A stream of typed events (Anthropic's Messages, OpenAI's Responses), built from the job's messages.
+pub trait TypedEvents: Send {
+    fn delta(&mut self, reasoning: &str, content: &str, out: &mut Vec<Event>);
+    fn tool_call(&mut self, index: usize, call: &ToolCall, out: &mut Vec<Event>);
+    fn done(
+        &mut self,
+        finish_reason: &str,
+        stop_sequence: Option<String>,
+        usage: &Usage,
+        out: &mut Vec<Event>,
+    );
+    /// An error after the stream started.
+    fn error(&mut self, message: &str) -> Event;
 }
 
 #[derive(Clone)]
@@ -156,6 +174,14 @@ async fn respond(planned: Result<Planned, ApiError>) -> Response {
         Ok(p) if p.stream => stream(p),
         Ok(p) => collect(p).await.unwrap_or_else(|e| e.into_response()),
     }
+}
+
+/// OpenAI's Responses: the chat path, answered with output items.
+pub async fn responses(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
+    let planned = body(b)
+        .and_then(|b| responses::parse(&b))
+        .and_then(|req| plan_chat_request(&s, req, Kind::Responses));
+    respond(planned).await
 }
 
 /// Anthropic's token count: the prompt a Messages request would have, `{"input_tokens": N}`.
@@ -319,6 +345,7 @@ fn format(s: &AppState, kind: Kind, c: &Common, logprobs: bool, prompt: &[u32]) 
             Kind::Chat => format!("chatcmpl-{:x}-{n}", s.created),
             Kind::Completion => format!("cmpl-{:x}-{n}", s.created),
             Kind::Messages => format!("msg_{:x}{n:06}", s.created),
+            Kind::Responses => format!("resp_{:x}{n:06}", s.created),
         },
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -429,6 +456,18 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
                         messages::reply(&f.id, &f.model, blocks, stop, stop_sequence, &usage);
                     return Ok(Json(reply).into_response());
                 }
+                if f.kind == Kind::Responses {
+                    let output = responses::output(&f.id, &reasoning, &content, &calls);
+                    let r = responses::response(
+                        &f.id,
+                        f.created,
+                        &f.model,
+                        output,
+                        Some(finish_reason),
+                        Some(&usage),
+                    );
+                    return Ok(Json(r).into_response());
+                }
                 let chat = f.kind == Kind::Chat;
                 let lp = f.logprobs.then(|| logprobs_json(chat, &logprobs));
                 let choice = if chat {
@@ -533,7 +572,7 @@ fn stream(p: Planned) -> Response {
         rx: p.rx,
         pending: VecDeque::new(),
         done: false,
-        blocks: None,
+        typed: None,
         format: p.format,
     };
     let f = &events.format;
@@ -545,8 +584,13 @@ fn stream(p: Planned) -> Response {
         }
         Kind::Messages => {
             let (blocks, start) = Blocks::start(&f.id, &f.model, f.prompt_tokens);
-            events.blocks = Some(blocks);
+            events.typed = Some(Box::new(blocks));
             events.pending.push_back(start);
+        }
+        Kind::Responses => {
+            let (items, start) = Items::start(&f.id, f.created, &f.model);
+            events.typed = Some(Box::new(items));
+            events.pending.extend(start);
         }
         Kind::Completion => {}
     }
@@ -557,14 +601,14 @@ fn stream(p: Planned) -> Response {
         .into_response()
 }
 
-/// Turns the job's messages into SSE events; ends after `data: [DONE]` (Messages: `message_stop`) or an
-/// error event.
+/// Turns the job's messages into SSE events; ends after `data: [DONE]` (typed streams: their last event) or
+/// an error event.
 struct EventStream {
     rx: UnboundedReceiver<Msg>,
     pending: VecDeque<Event>,
     done: bool,
-    /// Messages: the content blocks so far.
-    blocks: Option<Blocks>,
+    /// Messages' and Responses' events.
+    typed: Option<Box<dyn TypedEvents>>,
     format: Format,
 }
 
@@ -591,20 +635,19 @@ impl EventStream {
     }
 
     fn on(&mut self, msg: Option<Msg>) {
-        if let Some(blocks) = &mut self.blocks {
+        if let Some(typed) = &mut self.typed {
             let mut out = Vec::new();
             match msg {
                 Some(Msg::Delta {
                     reasoning, content, ..
-                }) => blocks.delta(&reasoning, &content, &mut out),
-                Some(Msg::ToolCall { index, call }) => blocks.tool_call(index, &call, &mut out),
+                }) => typed.delta(&reasoning, &content, &mut out),
+                Some(Msg::ToolCall { index, call }) => typed.tool_call(index, &call, &mut out),
                 Some(Msg::Done {
                     finish_reason,
                     stop_sequence,
                     usage,
                 }) => {
-                    let stop = messages::stop_reason(finish_reason, &stop_sequence);
-                    blocks.done(stop, stop_sequence, &usage, &mut out);
+                    typed.done(finish_reason, stop_sequence, &usage, &mut out);
                     self.done = true;
                 }
                 Some(Msg::Error(message)) => return self.fail(message),
@@ -676,8 +719,8 @@ impl EventStream {
 
     /// An error after the 200 status went out: an SSE event with the API's error object, then the end.
     fn fail(&mut self, message: String) {
-        let e = if self.blocks.is_some() {
-            Blocks::error(&message)
+        let e = if let Some(typed) = &mut self.typed {
+            typed.error(&message)
         } else {
             Event::default().data(generation_error(message).body().to_string())
         };
@@ -821,8 +864,8 @@ mod tests {
         assert!(text.trim_end().ends_with("data: [DONE]"));
     }
 
-    /// A Messages reply that thinks, writes, then calls two tools (one with arguments that are not JSON).
-    fn thinking_text_and_calls(stream: bool) -> (Planned, UnboundedSender<Msg>) {
+    /// A reply of `kind` that thinks, writes, then calls two tools (one with arguments that are not JSON).
+    fn thinking_text_and_calls(kind: Kind, stream: bool) -> (Planned, UnboundedSender<Msg>) {
         let msgs = vec![
             delta("Let me ", ""),
             delta("see.", "Checking"),
@@ -846,7 +889,7 @@ mod tests {
                 },
             },
         ];
-        planned(Kind::Messages, stream, msgs)
+        planned(kind, stream, msgs)
     }
 
     fn messages_blocks() -> Value {
@@ -860,7 +903,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_lists_thinking_text_and_tool_uses() {
-        let (p, _tx) = thinking_text_and_calls(false);
+        let (p, _tx) = thinking_text_and_calls(Kind::Messages, false);
         let r = collect(p).await.unwrap();
         let v: Value = serde_json::from_str(&body(r).await).unwrap();
         assert_eq!(v["content"], messages_blocks());
@@ -918,9 +961,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_stream_builds_the_same_blocks() {
-        let (p, tx) = thinking_text_and_calls(true);
+        let (p, tx) = thinking_text_and_calls(Kind::Messages, true);
         drop(tx);
-        let text = body(stream(p)).await;
+        let events = events(&body(stream(p)).await);
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names[0], "message_start");
+        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+        let (blocks, stop) = accumulate(&events);
+        assert_eq!(blocks, messages_blocks());
+        assert_eq!(stop, "tool_use");
+    }
+
+    /// A stream's events as (name, data).
+    fn events(text: &str) -> Vec<(String, Value)> {
         let mut events = Vec::new();
         let mut name = None;
         for line in text.lines() {
@@ -933,11 +986,81 @@ mod tests {
                 ));
             }
         }
-        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names[0], "message_start");
-        assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
-        let (blocks, stop) = accumulate(&events);
-        assert_eq!(blocks, messages_blocks());
-        assert_eq!(stop, "tool_use");
+        events
+    }
+
+    #[tokio::test]
+    async fn a_response_lists_reasoning_message_and_calls_and_streams_them() {
+        let (p, _tx) = thinking_text_and_calls(Kind::Responses, false);
+        let whole: Value = serde_json::from_str(&body(collect(p).await.unwrap()).await).unwrap();
+        assert_eq!(
+            whole["output"],
+            json!([
+                {"type": "reasoning", "id": "rs_t", "summary": [{"type": "summary_text", "text": "Let me see."}]},
+                {"type": "message", "id": "msg_t", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+                {"type": "function_call", "id": "fc_t_0", "call_id": "c1", "name": "weather",
+                 "arguments": "{\"city\":\"Paris\"}", "status": "completed"},
+                {"type": "function_call", "id": "fc_t_1", "call_id": "call_t_1", "name": "time",
+                 "arguments": "not json", "status": "completed"},
+            ])
+        );
+        assert_eq!(whole["status"], "completed");
+        assert_eq!(
+            whole["usage"]["output_tokens_details"]["reasoning_tokens"],
+            3
+        );
+        let (p, tx) = thinking_text_and_calls(Kind::Responses, true);
+        drop(tx);
+        let events = events(&body(stream(p)).await);
+        let (last, data) = events.last().unwrap();
+        assert_eq!(last, "response.completed");
+        assert_eq!(data["response"]["output"], whole["output"]);
+        // The deltas and each item's done event rebuild the same items, in output order.
+        let done: Vec<&Value> = events
+            .iter()
+            .filter(|(n, _)| n == "response.output_item.done")
+            .map(|(_, d)| &d["item"])
+            .collect();
+        assert_eq!(
+            Value::Array(done.into_iter().cloned().collect()),
+            whole["output"]
+        );
+        let deltas = |kind: &str| -> String {
+            events
+                .iter()
+                .filter(|(n, _)| n == kind)
+                .map(|(_, d)| d["delta"].as_str().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            deltas("response.reasoning_summary_text.delta"),
+            "Let me see."
+        );
+        assert_eq!(deltas("response.output_text.delta"), "Checking.");
+        assert_eq!(
+            deltas("response.function_call_arguments.delta"),
+            "{\"city\":\"Paris\"}not json"
+        );
+        for (i, (_, d)) in events.iter().enumerate() {
+            assert_eq!(d["sequence_number"], i);
+        }
+        let find = |kind: &str| &events.iter().find(|(n, _)| n == kind).unwrap().1;
+        let text_done = find("response.output_text.done");
+        assert_eq!(
+            (
+                &text_done["text"],
+                &text_done["content_index"],
+                &text_done["output_index"]
+            ),
+            (&json!("Checking."), &json!(0), &json!(1))
+        );
+        let part_done = find("response.reasoning_summary_part.done");
+        assert_eq!(
+            part_done["part"],
+            json!({"type": "summary_text", "text": "Let me see."})
+        );
+        assert_eq!(part_done["summary_index"], 0);
+        assert!(part_done.get("text").is_none());
     }
 }

@@ -33,27 +33,10 @@ fn text_of(reply: &Value) -> String {
         .collect()
 }
 
-/// A Messages stream's events as (event name, data), checked to pair each `event:` line with its data.
 fn stream_events(addr: std::net::SocketAddr, body: &Value) -> Vec<(String, Value)> {
     let mut st = Stream::open(addr, "/v1/messages", body);
     assert_eq!(st.status, 200);
-    let mut events = Vec::new();
-    let mut name = None;
-    while let Some(line) = st.line() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = Some(n.to_string());
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            let data: Value = serde_json::from_str(d).unwrap();
-            let n = name.take().expect("every data line follows its event line");
-            assert_eq!(
-                data["type"],
-                n.as_str(),
-                "the event name is the data's type"
-            );
-            events.push((n, data));
-        }
-    }
-    events
+    st.events()
 }
 
 #[test]

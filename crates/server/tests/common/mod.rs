@@ -160,6 +160,28 @@ impl Stream {
     pub fn rest(&mut self) -> Vec<String> {
         std::iter::from_fn(|| self.data()).collect()
     }
+
+    /// Every remaining typed event (Anthropic's and the Responses API's streams) as (name, data); each
+    /// `event:` line must come with its data, whose `type` is the event's name.
+    pub fn events(&mut self) -> Vec<(String, Value)> {
+        let mut events = Vec::new();
+        let mut name = None;
+        while let Some(line) = self.line() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = Some(n.to_string());
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                let data: Value = serde_json::from_str(d).unwrap();
+                let n = name.take().expect("every data line follows its event line");
+                assert_eq!(
+                    data["type"],
+                    n.as_str(),
+                    "the event name is the data's type"
+                );
+                events.push((n, data));
+            }
+        }
+        events
+    }
 }
 
 /// The value of an unlabelled metric (or one with the given labels).
