@@ -125,14 +125,14 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
     })
 }
 
-/// `text`: only plain text output (`{"format": {"type": "text"}}`); structured outputs would need
-/// constrained sampling.
+/// `text`: only plain text output (`{"format": {"type": "text"}}`; structured outputs would need
+/// constrained sampling) at the default `verbosity`, medium (K3 has no other).
 fn text_format(v: Option<&Value>) -> Result<(), ApiError> {
     let Some(v) = v else { return Ok(()) };
     let ok = v.as_object().is_some_and(|o| {
         o.iter().all(|(k, x)| match k.as_str() {
             "format" => x.is_null() || x.get("type") == Some(&json!("text")),
-            "verbosity" => x.is_null(),
+            "verbosity" => x.is_null() || x == "medium",
             _ => false,
         })
     });
@@ -141,8 +141,8 @@ fn text_format(v: Option<&Value>) -> Result<(), ApiError> {
     }
     Err(ApiError::invalid(
         "text",
-        "text may only ask for plain text ({\"format\": {\"type\": \"text\"}}): deltafin never constrains \
-         sampling, and has no verbosity setting",
+        "text may only ask for plain text ({\"format\": {\"type\": \"text\"}}) at verbosity medium: deltafin \
+         never constrains sampling, and K3 has no verbosity setting",
     )
     .code("unsupported_parameter"))
 }
@@ -169,31 +169,22 @@ fn effort(v: Option<&Value>) -> Result<ReasoningEffort, ApiError> {
         )
         .code("unknown_parameter"));
     }
-    Ok(
-        match o
-            .get("effort")
-            .and_then(|e| e.as_str().or(e.is_null().then_some("")))
-        {
-            None => {
-                return Err(ApiError::invalid(
-                    "reasoning.effort",
-                    "effort must be none, minimal, low, medium, high or xhigh",
-                ))
-            }
-            Some("" | "medium") => ReasoningEffort::Think(None),
-            Some("none" | "minimal") => ReasoningEffort::None,
-            Some("low") => ReasoningEffort::Think(Some(Effort::Low)),
-            Some("high" | "xhigh") => ReasoningEffort::Think(Some(Effort::High)),
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "reasoning.effort",
-                    format!(
-                        "effort must be none, minimal, low, medium, high or xhigh; got {other:?}"
-                    ),
-                ))
-            }
-        },
-    )
+    let effort = match o.get("effort") {
+        None | Some(Value::Null) => "medium",
+        Some(e) => e.as_str().unwrap_or(""),
+    };
+    Ok(match effort {
+        "medium" => ReasoningEffort::Think(None),
+        "none" | "minimal" => ReasoningEffort::None,
+        "low" => ReasoningEffort::Think(Some(Effort::Low)),
+        "high" | "xhigh" => ReasoningEffort::Think(Some(Effort::High)),
+        _ => {
+            return Err(ApiError::invalid(
+                "reasoning.effort",
+                "effort must be none, minimal, low, medium, high or xhigh",
+            ))
+        }
+    })
 }
 
 fn text_field(o: &Object, k: &str, at: &str) -> Result<String, ApiError> {
@@ -626,5 +617,79 @@ impl TypedEvents for Items {
             "error",
             json!({"code": "server_error", "message": message, "param": null}),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(extra: Value) -> Result<ChatRequest, ApiError> {
+        let mut body = json!({"model": "m", "input": "Hi"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn reasoning_effort_picks_k3s() {
+        let effort = |r: Value| {
+            parsed(json!({"reasoning": r}))
+                .map(|r| r.effort)
+                .map_err(|e| e.param)
+        };
+        assert_eq!(effort(Value::Null), Ok(ReasoningEffort::Think(None)));
+        assert_eq!(
+            effort(json!({"summary": "auto"})),
+            Ok(ReasoningEffort::Think(None))
+        );
+        assert_eq!(
+            effort(json!({"effort": "minimal"})),
+            Ok(ReasoningEffort::None)
+        );
+        assert_eq!(
+            effort(json!({"effort": "low"})),
+            Ok(ReasoningEffort::Think(Some(Effort::Low)))
+        );
+        assert_eq!(
+            effort(json!({"effort": "xhigh"})),
+            Ok(ReasoningEffort::Think(Some(Effort::High)))
+        );
+        assert_eq!(
+            effort(json!({"effort": 3})),
+            Err(Some("reasoning.effort".into()))
+        );
+    }
+
+    #[test]
+    fn input_items_become_k3_turns() {
+        let r = parsed(json!({"instructions": "Be brief.", "input": [
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "Use the tool."}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "time", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "c2", "output": "noon"},
+        ]}))
+        .unwrap_or_else(|e| panic!("{}", e.message));
+        let m = &r.messages;
+        let summary: Vec<(Role, &str, usize)> = m
+            .iter()
+            .map(|m| (m.role, m.content.as_str(), m.tool_calls.len()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (Role::System, "Be brief.", 0),
+                (Role::User, "Weather?", 0),
+                (Role::Assistant, "Checking.", 2),
+                (Role::Tool, "sunny", 0),
+                (Role::Tool, "noon", 0),
+            ]
+        );
+        assert_eq!(m[2].reasoning.as_deref(), Some("Use the tool."));
+        assert_eq!(m[4].tool_call_id.as_deref(), Some("c2"));
     }
 }

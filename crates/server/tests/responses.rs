@@ -124,11 +124,10 @@ fn function_calls_and_their_outputs_are_the_chat_endpoints_tool_history() {
         {"type": "function_call", "call_id": "call_7", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
         {"type": "function_call_output", "call_id": "call_7", "output": "18 C, sunny"},
     ]);
-    let r = post(
-        s.addr,
-        "/v1/responses",
-        &responses_body(json!({"input": input, "tools": tools})),
-    );
+    // As Codex sends it: nothing stored, encrypted reasoning asked for (there is none), the default verbosity.
+    let extra = json!({"input": input, "tools": tools, "include": ["reasoning.encrypted_content"],
+                       "text": {"verbosity": "medium"}, "prompt_cache_key": "k", "parallel_tool_calls": false});
+    let r = post(s.addr, "/v1/responses", &responses_body(extra));
     assert_eq!(r.status, 200, "{}", r.body);
     let c = post(
         s.addr,
@@ -166,6 +165,7 @@ fn what_the_responses_api_cannot_do_is_refused_naming_the_field() {
             json!({"text": {"format": {"type": "json_schema", "schema": {}}}}),
             "text",
         ),
+        (json!({"text": {"verbosity": "low"}}), "text"),
         (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
         (
             json!({"tools": [{"type": "function", "name": "f", "strict": true}]}),
