@@ -32,6 +32,11 @@ def main():
     ask = dict(model=a.model, system="Be brief.", messages=[{"role": "user", "content": "Say hi."}],
                thinking={"type": "disabled"}, extra_body={"temperature": 0})
 
+    # Models, as Anthropic lists them.
+    models = list(client.models.list())
+    check([m.id for m in models] == [a.model] and models[0].type == "model", f"models {models}")
+    check(client.models.retrieve(a.model).display_name == a.model, "models.retrieve")
+
     # A greedy message without thinking: text blocks, a stop reason, usage.
     r = client.messages.create(max_tokens=24, **ask)
     check(r.type == "message" and r.role == "assistant" and r.model == a.model, f"message {r}")

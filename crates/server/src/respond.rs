@@ -50,12 +50,22 @@ pub async fn metrics(State(s): Shared) -> Response {
         .into_response()
 }
 
+/// The served model as both APIs describe one: OpenAI's `object`, `created`, `owned_by` and Anthropic's
+/// `type`, `display_name`, `created_at` (each client reads its own fields).
 fn model_object(s: &AppState) -> Value {
-    json!({"id": s.cfg.model_name, "object": "model", "created": s.created, "owned_by": "deltafin"})
+    let created = std::time::UNIX_EPOCH + std::time::Duration::from_secs(s.created);
+    json!({
+        "id": s.cfg.model_name, "object": "model", "created": s.created, "owned_by": "deltafin",
+        "type": "model", "display_name": s.cfg.model_name,
+        "created_at": humantime::format_rfc3339_seconds(created).to_string(),
+    })
 }
 
+/// The model list, with Anthropic's paging fields (one page).
 pub async fn models(State(s): Shared) -> Response {
-    Json(json!({"object": "list", "data": [model_object(&s)]})).into_response()
+    let id = &s.cfg.model_name;
+    Json(json!({"object": "list", "data": [model_object(&s)], "has_more": false, "first_id": id, "last_id": id}))
+        .into_response()
 }
 
 pub async fn model(State(s): Shared, Path(id): Path<String>) -> Response {
