@@ -760,3 +760,29 @@ fn a_generation_ended_mid_stream_gets_an_sse_error_event() {
         .contains("shutting down"));
     stopper.join().unwrap().unwrap();
 }
+
+#[test]
+fn malformed_chat_and_completion_requests_get_4xx_never_5xx() {
+    let s = start(config());
+    let chat = chat_body(
+        json!({"max_tokens": 1, "stop": ["a"], "logprobs": true, "top_logprobs": 1,
+        "logit_bias": {"5": 1}, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                     {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                      "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": "c", "content": "r"}]}),
+    );
+    let completion =
+        json!({"model": MODEL, "prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "seed": 3});
+    for (path, body) in [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completion),
+    ] {
+        let cases = mutations(&body, 5);
+        assert!(cases.len() > 50, "{}", cases.len());
+        for c in &cases {
+            let r = post(s.addr, path, c);
+            assert!(r.status < 500, "{path} {c}: {} {}", r.status, r.body);
+        }
+    }
+}

@@ -315,3 +315,25 @@ fn bad_requests_get_anthropic_errors_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn malformed_requests_get_4xx_never_5xx() {
+    let s = start(config());
+    let body = messages_body(json!({"max_tokens": 1, "stop_sequences": ["a"],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                     {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "r"}]}]},
+                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                     {"role": "user", "content": "Go"}]}));
+    let cases = mutations(&body, 5);
+    assert!(cases.len() > 300, "{}", cases.len());
+    for (path, b) in [
+        ("/v1/messages", &cases),
+        ("/v1/messages/count_tokens", &cases),
+    ] {
+        for c in b {
+            let r = post(s.addr, path, c);
+            assert!(r.status < 500, "{path} {c}: {} {}", r.status, r.body);
+        }
+    }
+}

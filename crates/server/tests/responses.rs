@@ -193,3 +193,21 @@ fn what_the_responses_api_cannot_do_is_refused_naming_the_field() {
         assert_eq!(r.json()["error"]["param"], param, "{extra}: {}", r.body);
     }
 }
+
+#[test]
+fn malformed_requests_get_4xx_never_5xx() {
+    let s = start(config());
+    let body = responses_body(json!({"max_output_tokens": 1,
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                  {"type": "reasoning", "summary": [{"type": "summary_text", "text": "t"}]},
+                  {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c", "output": "r"}],
+        "text": {"format": {"type": "text"}}}));
+    let cases = mutations(&body, 5);
+    assert!(cases.len() > 300, "{}", cases.len());
+    for c in &cases {
+        let r = post(s.addr, "/v1/responses", c);
+        assert!(r.status < 500, "{c}: {} {}", r.status, r.body);
+    }
+}

@@ -200,3 +200,41 @@ pub fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `body` with each field at each depth (objects and arrays, down to `depth`) replaced, one at a time, by
+/// values of every JSON type: what a careless or hostile client sends.
+pub fn mutations(body: &Value, depth: usize) -> Vec<Value> {
+    let kinds = [
+        Value::Null,
+        serde_json::json!(true),
+        serde_json::json!(-1),
+        serde_json::json!(1.5e300),
+        serde_json::json!("x"),
+        serde_json::json!([]),
+        serde_json::json!([{}]),
+        serde_json::json!({}),
+        serde_json::json!({"type": "text"}),
+    ];
+    let mut out = Vec::new();
+    if depth == 0 {
+        return out;
+    }
+    // (the child, where it sits: a field name or an index)
+    let children: Vec<(Value, Result<String, usize>)> = match body {
+        Value::Object(o) => o.iter().map(|(k, v)| (v.clone(), Ok(k.clone()))).collect(),
+        Value::Array(a) => a.iter().cloned().zip((0..).map(Err)).collect(),
+        _ => Vec::new(),
+    };
+    let set = |b: &mut Value, at: &Result<String, usize>, x: Value| match at {
+        Ok(k) => b[k.as_str()] = x,
+        Err(i) => b[*i] = x,
+    };
+    for (child, at) in children {
+        for m in kinds.iter().cloned().chain(mutations(&child, depth - 1)) {
+            let mut b = body.clone();
+            set(&mut b, &at, m);
+            out.push(b);
+        }
+    }
+    out
+}
