@@ -333,6 +333,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<usize>,
     pub effort: ReasoningEffort,
     pub tools: Tools,
+    /// The reply's start, which the model continues and the reply leaves out (Anthropic's prefill).
+    pub prefill: Option<String>,
 }
 
 /// The tools a chat request offers the model.
@@ -385,6 +387,7 @@ pub fn chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         top_logprobs: logprobs.then_some(top.unwrap_or(0) as usize),
         effort,
         tools: tools(&f)?,
+        prefill: None,
     })
 }
 

@@ -110,15 +110,28 @@ fn parse_as(body: &[u8], fields: &[&str]) -> Result<ChatRequest, ApiError> {
     for (i, m) in turns.iter().enumerate() {
         turn(i, m, &mut messages)?;
     }
-    if turns.last().and_then(|m| m.get("role")) == Some(&json!("assistant")) {
-        return Err(ApiError::invalid(
-            format!("messages[{}]", turns.len() - 1),
-            "prefill (a final assistant message for the reply to continue) is not supported: end with a \
-             user message",
-        )
-        .code("unsupported_parameter"));
+    let mut effort = effort(f.raw("thinking"), f.raw("output_config"), max_tokens)?;
+    // A final assistant turn is the reply's start (prefill): its text, which the model continues. The
+    // reply is the answer then, so K3 does not think first.
+    let mut prefill = None;
+    if messages.last().is_some_and(|m| m.role == Role::Assistant) {
+        let at = format!("messages[{}]", turns.len() - 1);
+        let last = messages.pop().expect("checked above");
+        if last.reasoning.is_some() || !last.tool_calls.is_empty() {
+            return Err(ApiError::invalid(
+                at,
+                "a final assistant turn (prefill) may hold text only",
+            ));
+        }
+        if f.raw("thinking").is_some() && effort != ReasoningEffort::None {
+            return Err(ApiError::invalid(
+                "thinking",
+                "a final assistant turn (prefill) starts the answer itself: thinking must be disabled",
+            ));
+        }
+        effort = ReasoningEffort::None;
+        prefill = Some(last.content);
     }
-    let effort = effort(f.raw("thinking"), f.raw("output_config"), max_tokens)?;
     Ok(ChatRequest {
         common: Common {
             model,
@@ -137,6 +150,7 @@ fn parse_as(body: &[u8], fields: &[&str]) -> Result<ChatRequest, ApiError> {
         top_logprobs: None,
         effort,
         tools: tools(f.raw("tools"), f.raw("tool_choice"))?,
+        prefill,
     })
 }
 

@@ -251,10 +251,21 @@ fn chat_prompt(s: &AppState, req: &api::ChatRequest, kind: Kind) -> Result<Vec<u
                 .into_iter()
                 .chain(req.messages.iter().cloned())
                 .collect();
-            return Ok(req.effort.render(&s.tokenizer, &messages));
+            let mut prompt = req.effort.render(&s.tokenizer, &messages);
+            if let Some(start) = &req.prefill {
+                prompt.extend(s.tokenizer.encode(start));
+            }
+            return Ok(prompt);
         }
         chat::Format::Template(template) => template,
     };
+    if req.prefill.is_some() {
+        return Err(ApiError::invalid(
+            "messages",
+            "a final assistant turn (prefill) needs K3's chat format; this model chats through its own template",
+        )
+        .code("unsupported_parameter"));
+    }
     if req.tools.listed.is_some() {
         return Err(ApiError::invalid(
             "tools",

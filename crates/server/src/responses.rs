@@ -122,6 +122,7 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
         top_logprobs: None,
         effort: effort(f.raw("reasoning"))?,
         tools: tools(f.raw("tools"), f.raw("tool_choice"), parallel)?,
+        prefill: None,
     })
 }
 

@@ -128,6 +128,66 @@ fn max_tokens_0_computes_the_prompt_into_the_prefix_cache() {
 }
 
 #[test]
+fn a_final_assistant_turn_is_the_start_the_reply_continues() {
+    let s = start(config());
+    let tokenizer = deltafin_tokenizer::Tokenizer::from_dir(&model_dir()).unwrap();
+    let start_text = "The colour is";
+    let question = json!({"role": "user", "content": "Name a colour."});
+    let count = |messages: Value| {
+        let body = json!({"model": MODEL, "system": "Be brief.", "messages": messages,
+                          "thinking": {"type": "disabled"}});
+        post(s.addr, "/v1/messages/count_tokens", &body).json()["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let plain = count(json!([question]));
+    let prefilled = count(json!([question, {"role": "assistant", "content": start_text}]));
+    // The prompt is the conversation ready for the answer, then the start's tokens.
+    assert_eq!(prefilled, plain + tokenizer.encode(start_text).len() as u64);
+    // Without a thinking field the prefill answers without thinking; the reply leaves the start out.
+    let body = json!({"model": MODEL, "system": "Be brief.", "max_tokens": 12, "temperature": 0,
+                      "messages": [question, {"role": "assistant", "content": start_text}]});
+    let r = post(s.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = r.json();
+    let u = &m["usage"];
+    assert_eq!(
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(),
+        prefilled
+    );
+    assert!(
+        m["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] == "text"),
+        "{m}"
+    );
+
+    // Prefilled with the greedy reply's first token, the reply is the rest of that greedy reply.
+    let chat = post(
+        s.addr,
+        "/v1/chat/completions",
+        &json!({"model": MODEL, "max_tokens": 12, "temperature": 0, "reasoning_effort": "none",
+                "logprobs": true, "messages": [{"role": "system", "content": "Be brief."}, question]}),
+    )
+    .json();
+    let whole = chat["choices"][0]["message"]["content"].as_str().unwrap();
+    let first = chat["choices"][0]["logprobs"]["content"][0]["token"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        tokenizer.encode(first).len(),
+        1,
+        "{first:?} is one token again"
+    );
+    let body = json!({"model": MODEL, "system": "Be brief.", "max_tokens": 11, "temperature": 0,
+                      "messages": [question, {"role": "assistant", "content": first}]});
+    let rest = post(s.addr, "/v1/messages", &body).json();
+    assert_eq!(format!("{first}{}", text_of(&rest)), whole);
+}
+
+#[test]
 fn a_stop_sequence_ends_the_reply_and_is_named() {
     let s = start(config());
     let plain = post(
@@ -289,7 +349,13 @@ fn bad_requests_get_anthropic_errors_naming_the_field() {
             "output_config.format",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}]}),
+            json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}],
+                   "thinking": {"type": "adaptive"}}),
+            "thinking",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+                {"type": "text", "text": "The"}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}),
             "messages[1]",
         ),
         (json!({"model": "other"}), "model"),
