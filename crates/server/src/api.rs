@@ -60,13 +60,19 @@ pub struct Fields {
 }
 
 impl Fields {
-    /// Parses a JSON object and rejects any field outside `known` (and the common ones).
+    /// Parses an OpenAI request: rejects any field outside `known`, the common and the ignored ones, and
+    /// OpenAI's fields deltafin does not implement unless null.
     pub fn parse(body: &[u8], known: &[&str]) -> Result<Fields, ApiError> {
-        Fields::parse_against(body, known, COMMON)
+        Fields::parse_against(body, &[known, COMMON, IGNORED].concat(), UNSUPPORTED)
     }
 
-    /// Parses a JSON object and rejects any field outside `known` and `common`.
-    pub fn parse_against(body: &[u8], known: &[&str], common: &[&str]) -> Result<Fields, ApiError> {
+    /// Parses a JSON object: rejects any field outside `known` and `unsupported`, and those of
+    /// `unsupported` unless null.
+    pub fn parse_against(
+        body: &[u8],
+        known: &[&str],
+        unsupported: &[&str],
+    ) -> Result<Fields, ApiError> {
         let value: Value = serde_json::from_slice(body).map_err(|e| {
             ApiError::invalid("body", format!("the request body is not valid JSON: {e}"))
         })?;
@@ -80,7 +86,7 @@ impl Fields {
             if known.contains(&key.as_str()) {
                 continue;
             }
-            if UNSUPPORTED.contains(&key.as_str()) {
+            if unsupported.contains(&key.as_str()) {
                 if !v.is_null() {
                     return Err(ApiError::invalid(
                         key.clone(),
@@ -88,7 +94,7 @@ impl Fields {
                     )
                     .code("unsupported_parameter"));
                 }
-            } else if !common.contains(&key.as_str()) && !IGNORED.contains(&key.as_str()) {
+            } else {
                 return Err(ApiError::invalid(
                     key.clone(),
                     format!("Unrecognized request argument supplied: {key}"),
@@ -538,13 +544,24 @@ fn function_entry<'a>(
 }
 
 /// Rejects keys of `o` outside `known`, naming the first under `at`.
-fn only_fields(o: &Object, known: &[&str], at: &str) -> Result<(), ApiError> {
+pub fn only_fields(o: &Object, known: &[&str], at: &str) -> Result<(), ApiError> {
     match o.keys().find(|k| !known.contains(&k.as_str())) {
         Some(k) => Err(
             ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
                 .code("unknown_parameter"),
         ),
         None => Ok(()),
+    }
+}
+
+/// `o[k]`, a string (the field named `at.k` otherwise).
+pub fn string_field(o: &Object, k: &str, at: &str) -> Result<String, ApiError> {
+    match o.get(k) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        _ => Err(ApiError::invalid(
+            format!("{at}.{k}"),
+            format!("'{k}' must be a string"),
+        )),
     }
 }
 

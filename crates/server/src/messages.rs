@@ -4,7 +4,8 @@
 //! as Anthropic's SSE events. Errors take Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 
 use crate::api::{
-    self, random_seed, temperature_top_p, ChatRequest, Common, Fields, Object, Tools,
+    self, only_fields, random_seed, string_field, temperature_top_p, ChatRequest, Common, Fields,
+    Object, Tools,
 };
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
@@ -67,25 +68,17 @@ const COUNT_FIELDS: &[&str] = &[
 
 /// Parses a Messages request into the chat request it asks for.
 pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    parse_as(body, FIELDS)
+    parse_as(body, false)
 }
 
 /// Parses a `count_tokens` request: the prompt's fields only, no max_tokens.
 pub fn parse_count(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    parse_as(body, COUNT_FIELDS)
+    parse_as(body, true)
 }
 
-fn parse_as(body: &[u8], fields: &[&str]) -> Result<ChatRequest, ApiError> {
-    let counting = fields == COUNT_FIELDS;
-    let f = Fields::parse_against(body, &[fields, UNSUPPORTED].concat(), &[])?;
-    for &k in UNSUPPORTED {
-        if f.raw(k).is_some() {
-            return Err(
-                ApiError::invalid(k, format!("'{k}' is not supported by deltafin"))
-                    .code("unsupported_parameter"),
-            );
-        }
-    }
+fn parse_as(body: &[u8], counting: bool) -> Result<ChatRequest, ApiError> {
+    let fields = if counting { COUNT_FIELDS } else { FIELDS };
+    let f = Fields::parse_against(body, fields, UNSUPPORTED)?;
     let model: String = f
         .get("model")?
         .ok_or_else(|| ApiError::invalid("model", "'model' is required"))?;
@@ -164,7 +157,7 @@ fn system(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             for (j, b) in blocks.iter().enumerate() {
                 let at = format!("system[{j}]");
                 let o = block(&at, b, &["text"])?;
-                text.push_str(&string(o, "text", &at)?);
+                text.push_str(&string_field(o, "text", &at)?);
             }
             text
         }
@@ -209,23 +202,8 @@ fn block<'a>(at: &str, v: &'a Value, kinds: &[&str]) -> Result<&'a Object, ApiEr
             ),
         ));
     }
-    if let Some(k) = o.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(
-            ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
-                .code("unknown_parameter"),
-        );
-    }
+    only_fields(o, fields, at)?;
     Ok(o)
-}
-
-fn string(o: &Object, k: &str, at: &str) -> Result<String, ApiError> {
-    match o.get(k) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        _ => Err(ApiError::invalid(
-            format!("{at}.{k}"),
-            format!("'{k}' must be a string"),
-        )),
-    }
 }
 
 /// `messages[i]`, appended to `out` as K3's messages: a user turn's tool results become tool messages (in
@@ -235,16 +213,7 @@ fn turn(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError>
     let Value::Object(o) = m else {
         return Err(ApiError::invalid(at, "each message must be an object"));
     };
-    if let Some(k) = o
-        .keys()
-        .find(|k| !["role", "content"].contains(&k.as_str()))
-    {
-        return Err(ApiError::invalid(
-            format!("{at}.{k}"),
-            format!("Unrecognized message field: {k}"),
-        )
-        .code("unknown_parameter"));
-    }
+    only_fields(o, &["role", "content"], &at)?;
     let role = match o.get("role").and_then(Value::as_str) {
         Some("user") => Role::User,
         Some("assistant") => Role::Assistant,
@@ -275,10 +244,10 @@ fn turn(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError>
         let at = format!("{at}.content[{j}]");
         let o = block(&at, b, kinds)?;
         match o["type"].as_str() {
-            Some("text") => text.push_str(&string(o, "text", &at)?),
+            Some("text") => text.push_str(&string_field(o, "text", &at)?),
             Some("thinking") => reasoning
                 .get_or_insert_with(String::new)
-                .push_str(&string(o, "thinking", &at)?),
+                .push_str(&string_field(o, "thinking", &at)?),
             Some("tool_use") => {
                 let input = match o.get("input") {
                     Some(v @ Value::Object(_)) => v.to_string(),
@@ -290,8 +259,8 @@ fn turn(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError>
                     }
                 };
                 calls.push(ToolCall {
-                    id: string(o, "id", &at)?,
-                    name: string(o, "name", &at)?,
+                    id: string_field(o, "id", &at)?,
+                    name: string_field(o, "name", &at)?,
                     arguments: input,
                 });
             }
@@ -313,7 +282,7 @@ fn turn(i: usize, m: &Value, out: &mut Vec<ChatMessage>) -> Result<(), ApiError>
 /// A `tool_result` block as K3's tool message; a failed tool's result (`is_error`) is prefixed "Error: ",
 /// since K3's format has no flag for it.
 fn tool_result(o: &Object, at: &str) -> Result<ChatMessage, ApiError> {
-    let id = string(o, "tool_use_id", at)?;
+    let id = string_field(o, "tool_use_id", at)?;
     let mut text = match o.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -321,7 +290,7 @@ fn tool_result(o: &Object, at: &str) -> Result<ChatMessage, ApiError> {
             let mut text = String::new();
             for (k, p) in parts.iter().enumerate() {
                 let at = format!("{at}.content[{k}]");
-                text.push_str(&string(block(&at, p, &["text"])?, "text", &at)?);
+                text.push_str(&string_field(block(&at, p, &["text"])?, "text", &at)?);
             }
             text
         }
@@ -408,16 +377,7 @@ fn effort(
     let Value::Object(o) = output else {
         return Err(ApiError::invalid("output_config", "must be an object"));
     };
-    if let Some(k) = o
-        .keys()
-        .find(|k| k.as_str() != "effort" && k.as_str() != "format")
-    {
-        return Err(ApiError::invalid(
-            format!("output_config.{k}"),
-            format!("Unrecognized field: {k}"),
-        )
-        .code("unknown_parameter"));
-    }
+    only_fields(o, &["effort", "format"], "output_config")?;
     if o.get("format").is_some_and(|f| !f.is_null()) {
         return Err(ApiError::invalid(
             "output_config.format",
@@ -507,12 +467,7 @@ fn tools(list: Option<&Value>, choice: Option<&Value>) -> Result<Tools, ApiError
             "input_schema",
             "cache_control",
         ];
-        if let Some(k) = o.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(
-                ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
-                    .code("unknown_parameter"),
-            );
-        }
+        only_fields(o, &known, &at)?;
         let Some(schema @ Value::Object(_)) = o.get("input_schema") else {
             return Err(ApiError::invalid(
                 format!("{at}.input_schema"),

@@ -5,7 +5,8 @@
 //! `previous_response_id` is refused, so clients send the whole conversation (as with `store: false`).
 
 use crate::api::{
-    self, random_seed, temperature_top_p, ChatRequest, Common, Fields, Object, Tools,
+    self, only_fields, random_seed, string_field, temperature_top_p, ChatRequest, Common, Fields,
+    Tools,
 };
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
@@ -39,12 +40,14 @@ const FIELDS: &[&str] = &[
     "prompt_cache_key",
     "prompt_cache_retention",
     "service_tier",
+    "user",
+    // Refused with their reason when given: responses are not stored.
+    "previous_response_id",
+    "conversation",
 ];
 
 /// Not implemented: accepted only when null.
 const UNSUPPORTED: &[&str] = &[
-    "previous_response_id",
-    "conversation",
     "background",
     "context_management",
     "max_tool_calls",
@@ -55,14 +58,10 @@ const UNSUPPORTED: &[&str] = &[
 
 /// Parses a Responses request into the chat request it asks for.
 pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    let f = Fields::parse_against(body, &[FIELDS, UNSUPPORTED].concat(), &["user"])?;
-    for &k in UNSUPPORTED {
+    let f = Fields::parse_against(body, FIELDS, UNSUPPORTED)?;
+    for k in ["previous_response_id", "conversation"] {
         if f.raw(k).is_some() {
-            let why = if k == "previous_response_id" || k == "conversation" {
-                "deltafin stores no responses; send the whole conversation in 'input'"
-            } else {
-                "it is not supported by deltafin"
-            };
+            let why = "deltafin stores no responses; send the whole conversation in 'input'";
             return Err(ApiError::invalid(k, format!("'{k}': {why}")).code("unsupported_parameter"));
         }
     }
@@ -160,16 +159,7 @@ fn effort(v: Option<&Value>) -> Result<ReasoningEffort, ApiError> {
             "reasoning must be an object",
         ));
     };
-    if let Some(k) = o
-        .keys()
-        .find(|k| !["effort", "summary", "generate_summary"].contains(&k.as_str()))
-    {
-        return Err(ApiError::invalid(
-            format!("reasoning.{k}"),
-            format!("Unrecognized field: {k}"),
-        )
-        .code("unknown_parameter"));
-    }
+    only_fields(o, &["effort", "summary", "generate_summary"], "reasoning")?;
     let effort = match o.get("effort") {
         None | Some(Value::Null) => "medium",
         Some(e) => e.as_str().unwrap_or(""),
@@ -186,16 +176,6 @@ fn effort(v: Option<&Value>) -> Result<ReasoningEffort, ApiError> {
             ))
         }
     })
-}
-
-fn text_field(o: &Object, k: &str, at: &str) -> Result<String, ApiError> {
-    match o.get(k) {
-        Some(Value::String(s)) => Ok(s.clone()),
-        _ => Err(ApiError::invalid(
-            format!("{at}.{k}"),
-            format!("'{k}' must be a string"),
-        )),
-    }
 }
 
 /// The last message if it is the assistant's (so that calls and reasoning join the turn they belong to),
@@ -231,24 +211,19 @@ fn input_item(i: usize, item: &Value, out: &mut Vec<ChatMessage>) -> Result<(), 
             ))
         }
     };
-    if let Some(k) = o.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(
-            ApiError::invalid(format!("{at}.{k}"), format!("Unrecognized field: {k}"))
-                .code("unknown_parameter"),
-        );
-    }
+    only_fields(o, fields, &at)?;
     match kind {
         "function_call" => {
             let call = ToolCall {
-                id: text_field(o, "call_id", &at)?,
-                name: text_field(o, "name", &at)?,
-                arguments: text_field(o, "arguments", &at)?,
+                id: string_field(o, "call_id", &at)?,
+                name: string_field(o, "name", &at)?,
+                arguments: string_field(o, "arguments", &at)?,
             };
             assistant_turn(out).tool_calls.push(call);
         }
         "function_call_output" => out.push(ChatMessage {
-            tool_call_id: Some(text_field(o, "call_id", &at)?),
-            ..ChatMessage::new(Role::Tool, text_field(o, "output", &at)?)
+            tool_call_id: Some(string_field(o, "call_id", &at)?),
+            ..ChatMessage::new(Role::Tool, string_field(o, "output", &at)?)
         }),
         "reasoning" => {
             let mut text = String::new();
@@ -456,26 +431,19 @@ impl Items {
         let Some((index, text, thinking)) = self.open.take() else {
             return;
         };
-        // (the item, its part, the text's done event, the part's done event, the part's index field)
-        let (item, part_key, text_done, part_done, index_key) = if thinking {
-            let item = reasoning_item(&self.id, &text);
-            let names = (
-                "response.reasoning_summary_text.done",
-                "response.reasoning_summary_part.done",
-            );
-            (item, "summary", names.0, names.1, "summary_index")
+        let k = TextKind::of(thinking);
+        let item = if thinking {
+            reasoning_item(&self.id, &text)
         } else {
-            let item = message_item(&self.id, &text, "completed");
-            let names = ("response.output_text.done", "response.content_part.done");
-            (item, "content", names.0, names.1, "content_index")
+            message_item(&self.id, &text, "completed")
         };
-        let mut data = json!({"item_id": item["id"], "output_index": index, index_key: 0});
-        data["text"] = json!(text);
-        let e = self.event(text_done, data.clone());
+        let id = &item["id"];
+        let data = json!({"item_id": id, "output_index": index, k.index_key: 0, "text": text});
+        let e = self.event(k.text_done, data);
         out.push(e);
-        data.as_object_mut().expect("an object").remove("text");
-        data["part"] = item[part_key][0].clone();
-        let e = self.event(part_done, data);
+        let part = &item[k.parts][0];
+        let data = json!({"item_id": id, "output_index": index, k.index_key: 0, "part": part});
+        let e = self.event(k.part_done, data);
         out.push(e);
         let e = self.event(
             "response.output_item.done",
@@ -490,56 +458,78 @@ impl Items {
         if text.is_empty() {
             return;
         }
+        let k = TextKind::of(thinking);
+        let item_id = item_id(k.prefix, &self.id);
         if !matches!(&self.open, Some((_, _, t)) if *t == thinking) {
             self.close(out);
             let index = self.done.len();
-            let (item, part_event, part) = if thinking {
-                let item =
-                    json!({"type": "reasoning", "id": item_id("rs", &self.id), "summary": []});
-                let part =
-                    json!({"summary_index": 0, "part": {"type": "summary_text", "text": ""}});
-                (item, "response.reasoning_summary_part.added", part)
+            let item = if thinking {
+                json!({"type": "reasoning", "id": item_id, "summary": []})
             } else {
-                let item = message_item(&self.id, "", "in_progress");
-                let part = json!({"content_index": 0,
-                                  "part": {"type": "output_text", "text": "", "annotations": []}});
-                (item, "response.content_part.added", part)
+                message_item(&self.id, "", "in_progress")
             };
-            let item_id = item["id"].clone();
             let e = self.event(
                 "response.output_item.added",
                 json!({"output_index": index, "item": item}),
             );
             out.push(e);
-            let mut data = part;
-            data["item_id"] = item_id;
-            data["output_index"] = json!(index);
-            let e = self.event(part_event, data);
+            let part = if thinking {
+                json!({"type": "summary_text", "text": ""})
+            } else {
+                json!({"type": "output_text", "text": "", "annotations": []})
+            };
+            let data =
+                json!({"item_id": item_id, "output_index": index, k.index_key: 0, "part": part});
+            let e = self.event(k.part_added, data);
             out.push(e);
             self.open = Some((index, String::new(), thinking));
         }
         let (index, so_far, _) = self.open.as_mut().expect("opened above");
         so_far.push_str(text);
-        let index = *index;
-        let (kind, item_id, extra) = if thinking {
-            (
-                "response.reasoning_summary_text.delta",
-                item_id("rs", &self.id),
-                json!({"summary_index": 0}),
-            )
-        } else {
-            (
-                "response.output_text.delta",
-                item_id("msg", &self.id),
-                json!({"content_index": 0}),
-            )
-        };
-        let mut data = extra;
-        data["item_id"] = json!(item_id);
-        data["output_index"] = json!(index);
-        data["delta"] = json!(text);
-        let e = self.event(kind, data);
+        let data =
+            json!({"item_id": item_id, "output_index": *index, k.index_key: 0, "delta": text});
+        let e = self.event(k.text_delta, data);
         out.push(e);
+    }
+}
+
+/// How the stream names a reasoning item's summary text or a message's output text.
+struct TextKind {
+    prefix: &'static str,
+    /// The item's list of parts, and their index field in events.
+    parts: &'static str,
+    index_key: &'static str,
+    part_added: &'static str,
+    part_done: &'static str,
+    text_delta: &'static str,
+    text_done: &'static str,
+}
+
+impl TextKind {
+    fn of(thinking: bool) -> &'static TextKind {
+        const REASONING: TextKind = TextKind {
+            prefix: "rs",
+            parts: "summary",
+            index_key: "summary_index",
+            part_added: "response.reasoning_summary_part.added",
+            part_done: "response.reasoning_summary_part.done",
+            text_delta: "response.reasoning_summary_text.delta",
+            text_done: "response.reasoning_summary_text.done",
+        };
+        const MESSAGE: TextKind = TextKind {
+            prefix: "msg",
+            parts: "content",
+            index_key: "content_index",
+            part_added: "response.content_part.added",
+            part_done: "response.content_part.done",
+            text_delta: "response.output_text.delta",
+            text_done: "response.output_text.done",
+        };
+        if thinking {
+            &REASONING
+        } else {
+            &MESSAGE
+        }
     }
 }
 

@@ -7,14 +7,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// `base` with `extra`'s fields set (replacing any of the same name).
-fn merged(mut base: Value, extra: &Value) -> Value {
-    for (k, v) in extra.as_object().unwrap() {
-        base[k] = v.clone();
-    }
-    base
-}
-
 fn chat_body(extra: Value) -> Value {
     let base = json!({
         "model": MODEL,

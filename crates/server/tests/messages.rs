@@ -8,7 +8,7 @@ use deltafin_server::ServerConfig;
 use serde_json::{json, Value};
 
 fn messages_body(extra: Value) -> Value {
-    let mut body = json!({
+    let body = json!({
         "model": MODEL,
         "system": "Be brief.",
         "messages": [{"role": "user", "content": "Name a colour."}],
@@ -16,10 +16,7 @@ fn messages_body(extra: Value) -> Value {
         "temperature": 0,
         "thinking": {"type": "disabled"},
     });
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    body
+    merged(body, &extra)
 }
 
 /// The text of a reply's text blocks.

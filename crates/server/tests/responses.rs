@@ -7,7 +7,7 @@ use common::*;
 use serde_json::{json, Value};
 
 fn responses_body(extra: Value) -> Value {
-    let mut body = json!({
+    let body = json!({
         "model": MODEL,
         "instructions": "Be brief.",
         "input": "Name a colour.",
@@ -16,10 +16,7 @@ fn responses_body(extra: Value) -> Value {
         "reasoning": {"effort": "none"},
         "store": false,
     });
-    for (k, v) in extra.as_object().unwrap() {
-        body[k] = v.clone();
-    }
-    body
+    merged(body, &extra)
 }
 
 fn chat(addr: std::net::SocketAddr, messages: Value) -> Value {

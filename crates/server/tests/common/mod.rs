@@ -201,6 +201,14 @@ pub fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// `base` with `extra`'s fields set (replacing any of the same name).
+pub fn merged(mut base: Value, extra: &Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    base
+}
+
 /// `body` with each field at each depth (objects and arrays, down to `depth`) replaced, one at a time, by
 /// values of every JSON type: what a careless or hostile client sends.
 pub fn mutations(body: &Value, depth: usize) -> Vec<Value> {
