@@ -197,10 +197,9 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
             let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
-                "missing or incorrect API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                "missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
             )
-            .code("invalid_api_key")
-            ;
+            .code("invalid_api_key");
             return if req.uri().path().starts_with("/v1/messages") {
                 messages::error_response(e)
             } else {

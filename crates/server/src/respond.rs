@@ -159,11 +159,11 @@ struct Format {
 }
 
 pub async fn chat(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
-    respond(plan_chat(&s, b)).await
+    respond(plan_chat(&s, b), IntoResponse::into_response).await
 }
 
 pub async fn completions(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Response {
-    respond(plan_completion(&s, b)).await
+    respond(plan_completion(&s, b), IntoResponse::into_response).await
 }
 
 /// Anthropic's Messages: the chat path, with Anthropic's reply, stream and error shapes.
@@ -171,18 +171,15 @@ pub async fn messages(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Res
     let planned = body(b)
         .and_then(|b| messages::parse(&b))
         .and_then(|req| plan_chat_request(&s, req, Kind::Messages));
-    match planned {
-        Err(e) => messages::error_response(e),
-        Ok(p) if p.stream => stream(p),
-        Ok(p) => collect(p).await.unwrap_or_else(messages::error_response),
-    }
+    respond(planned, messages::error_response).await
 }
 
-async fn respond(planned: Result<Planned, ApiError>) -> Response {
+/// The answer to a planned request, streamed or whole; errors in the API's shape (`error`).
+async fn respond(planned: Result<Planned, ApiError>, error: fn(ApiError) -> Response) -> Response {
     match planned {
-        Err(e) => e.into_response(),
+        Err(e) => error(e),
         Ok(p) if p.stream => stream(p),
-        Ok(p) => collect(p).await.unwrap_or_else(|e| e.into_response()),
+        Ok(p) => collect(p).await.unwrap_or_else(error),
     }
 }
 
@@ -191,7 +188,7 @@ pub async fn responses(State(s): Shared, b: Result<Bytes, BytesRejection>) -> Re
     let planned = body(b)
         .and_then(|b| responses::parse(&b))
         .and_then(|req| plan_chat_request(&s, req, Kind::Responses));
-    respond(planned).await
+    respond(planned, IntoResponse::into_response).await
 }
 
 /// Anthropic's token count: the prompt a Messages request would have, `{"input_tokens": N}`.
@@ -843,7 +840,9 @@ mod tests {
     #[tokio::test]
     async fn a_plain_answer_lists_the_calls_with_null_content() {
         let (p, _tx) = two_calls(false);
-        let v: Value = serde_json::from_str(&body(respond(Ok(p)).await).await).unwrap();
+        let v: Value =
+            serde_json::from_str(&body(respond(Ok(p), IntoResponse::into_response).await).await)
+                .unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls");
         assert_eq!(choice["message"]["content"], Value::Null);
@@ -860,7 +859,7 @@ mod tests {
     async fn a_stream_sends_each_call_whole_with_its_index() {
         let (p, tx) = two_calls(true);
         drop(tx);
-        let text = body(respond(Ok(p)).await).await;
+        let text = body(respond(Ok(p), IntoResponse::into_response).await).await;
         let chunks: Vec<Value> = text
             .lines()
             .filter_map(|l| l.strip_prefix("data: "))
