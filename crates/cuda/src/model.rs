@@ -1179,7 +1179,13 @@ impl CudaModel {
     ) -> Result<(u64, usize)> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let tok = self.stage(a, tokens)?;
-        let h = a.f32s(n * hd)?;
+        // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
+        // h on to the next slot (no copy).
+        let block = self.cfg.attn_res_block;
+        let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
+        let anchors = a.f32s((max_anchors + 1) * n * hd)?;
+        let slot = (4 * n * hd) as u64;
+        let mut h = anchors;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
             .p(self.embed.ptr())
             .p(tok)
@@ -1187,9 +1193,6 @@ impl CudaModel {
             .i(n)
             .i(hd)
             .go()?;
-        let block = self.cfg.attn_res_block;
-        let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
-        let anchors = a.f32s(max_anchors.max(1) * n * hd)?;
         let mut na = 0usize;
         let mark = a.off.get();
         // The first two streamed layers' copies start now, under the resident layers' compute.
@@ -1215,10 +1218,6 @@ impl CudaModel {
                         .as_ref()
                         .expect("K3 layers carry AttnRes weights");
                     let restart = l % block == 0;
-                    if restart {
-                        self.gpu
-                            .dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
-                    }
                     // The mix over no anchors is h itself. Its RMS norm is fused into the attention's input
                     // matmul.
                     let mixed = if na == 0 {
@@ -1228,7 +1227,10 @@ impl CudaModel {
                         self.mix(anchors, na, h, res, x, n, None)?;
                         x
                     };
-                    na += restart as usize;
+                    if restart {
+                        na += 1;
+                        h = anchors + na as u64 * slot;
+                    }
                     // q = prefix + o, kept in h (a block boundary restarts the sum: h = o).
                     let out = Mm {
                         accumulate: !restart,
