@@ -74,6 +74,10 @@ pub struct Timed<'m> {
 struct Pass {
     tokens: usize,
     secs: f64,
+    /// The host's part: issuing the pass's work.
+    issue_secs: f64,
+    /// The GPU's part: from the pass's first work to its last.
+    gpu_secs: f64,
     h2d: u64,
     spine_h2d: u64,
     expert_bytes: u64,
@@ -103,18 +107,24 @@ impl<'m> Timed<'m> {
         let half_h2d: u64 = half.iter().map(|p| p.h2d).sum();
         let half_secs: f64 = half.iter().map(|p| p.secs).sum();
         let med = deltafin_cuda::probe::median(&mut step_secs.clone());
+        let mut issue: Vec<f64> = steps.iter().map(|p| p.issue_secs).collect();
+        let med_issue = deltafin_cuda::probe::median(&mut issue);
+        let mut gpu: Vec<f64> = steps.iter().map(|p| p.gpu_secs).collect();
+        let med_gpu = deltafin_cuda::probe::median(&mut gpu);
         // Bytes a decode token touches (the prompt's pass reads each expert once for all its rows).
         let tokens: usize = steps.iter().map(|p| p.tokens).sum();
         let expert_bytes: u64 = steps.iter().map(|p| p.expert_bytes).sum();
         let step_spine_h2d: u64 = steps.iter().map(|p| p.spine_h2d).sum();
         format!(
-            "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
+            "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s), issued by the host in {:.3} ms, run by the GPU in {:.3} ms | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
             m.kernels(),
             prefill.tokens,
             prefill.secs,
             steps.len(),
             med * 1e3,
             1.0 / med.max(1e-12),
+            med_issue * 1e3,
+            med_gpu * 1e3,
             m.expert_slots(),
             m.record_len(),
             c.vram_hits,
@@ -174,6 +184,8 @@ impl Backend for Timed<'_> {
         self.passes.lock().unwrap().push(Pass {
             tokens: tokens.len(),
             secs,
+            issue_secs: c.issue_secs - c0.issue_secs,
+            gpu_secs: c.gpu_secs - c0.gpu_secs,
             h2d: c.h2d_bytes - c0.h2d_bytes,
             spine_h2d: c.spine_h2d_bytes - c0.spine_h2d_bytes,
             expert_bytes: stats.bytes() - bytes0,

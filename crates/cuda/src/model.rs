@@ -44,6 +44,12 @@ pub struct CudaCounters {
     /// Host time spent getting records from the store and issuing their copies (including the staging memcpy
     /// where the store's slab is not page-locked).
     pub stage_secs: f64,
+    /// Host time passes spent issuing their work: everything before waiting for the logits. Near a step's
+    /// time, the GPU waits on the host.
+    pub issue_secs: f64,
+    /// GPU time from a pass's first piece of work to its last (events on the compute stream): the step less
+    /// this is the host's start and the logits' return.
+    pub gpu_secs: f64,
 }
 
 /// Where a block of spine tensors (a layer, or the embeddings and head) lies in VRAM: its own allocation or a
@@ -347,6 +353,8 @@ pub struct CudaModel {
     held_cap: usize,
     /// Set when every expert is resident: decode then routes on the device with no host round trip.
     direct: Option<Direct>,
+    /// Timing events around each pass's work on the compute stream.
+    span: [CudaEvent; 2],
 }
 
 /// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
@@ -498,7 +506,7 @@ impl Backend for CudaModel {
             .ctx
             .bind_to_thread()
             .map_err(|e| anyhow!("{e:?}"))?;
-        let n = tokens.len();
+        let (n, t0) = (tokens.len(), Instant::now());
         let mut arena = self.arena.lock().unwrap();
         self.size_arena(&mut arena, n, s.pos)?;
         let mut held = Vec::new();
@@ -506,7 +514,19 @@ impl Backend for CudaModel {
             t.begin();
             self.gpu.htod_sync(t.count, &[0u32])?;
         }
-        let result = self.pass(&arena, s, tokens, rows, stats, &mut held);
+        self.gpu.record(&self.span[0])?;
+        let result = self
+            .pass(&arena, s, tokens, rows, stats, &mut held)
+            .and_then(|(logits, len)| {
+                self.gpu.record(&self.span[1])?;
+                self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
+                let out = self.gpu.dtoh(logits, len)?;
+                let ms = self.span[0]
+                    .elapsed_ms(&self.span[1])
+                    .map_err(|e| anyhow!("{e:?}"))?;
+                self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
+                Ok(out)
+            });
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         let _ = self.gpu.stream.synchronize();
         let _ = self.gpu.side.synchronize();
@@ -881,7 +901,9 @@ impl CudaModel {
             copied: gpu.event()?,
             counters: CudaCounters::default(),
         };
+        let span = [gpu.event()?, gpu.event()?];
         let mut model = CudaModel {
+            span,
             gpu,
             cfg,
             embed,
@@ -1144,7 +1166,8 @@ impl CudaModel {
         self.mm_into(&m.down, act, y, n, out)
     }
 
-    /// `held`: store records whose copies to the device may still be in flight (see `moe`).
+    /// Issues the pass's work; returns the logits' device address and length. `held`: store records whose
+    /// copies to the device may still be in flight (see `moe`).
     fn pass<'s>(
         &'s self,
         a: &Arena,
@@ -1153,10 +1176,16 @@ impl CudaModel {
         rows: LogitRows,
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<(u64, usize)> {
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let tok = self.stage(a, tokens)?;
-        let h = a.f32s(n * hd)?;
+        // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
+        // h on to the next slot (no copy).
+        let block = self.cfg.attn_res_block;
+        let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
+        let anchors = a.f32s((max_anchors + 1) * n * hd)?;
+        let slot = (4 * n * hd) as u64;
+        let mut h = anchors;
         Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
             .p(self.embed.ptr())
             .p(tok)
@@ -1164,9 +1193,6 @@ impl CudaModel {
             .i(n)
             .i(hd)
             .go()?;
-        let block = self.cfg.attn_res_block;
-        let max_anchors = block.map_or(0, |b| self.cfg.num_layers.div_ceil(b));
-        let anchors = a.f32s(max_anchors.max(1) * n * hd)?;
         let mut na = 0usize;
         let mark = a.off.get();
         // The first two streamed layers' copies start now, under the resident layers' compute.
@@ -1192,10 +1218,6 @@ impl CudaModel {
                         .as_ref()
                         .expect("K3 layers carry AttnRes weights");
                     let restart = l % block == 0;
-                    if restart {
-                        self.gpu
-                            .dtod(anchors + (4 * na * n * hd) as u64, h, 4 * n * hd)?;
-                    }
                     // The mix over no anchors is h itself. Its RMS norm is fused into the attention's input
                     // matmul.
                     let mixed = if na == 0 {
@@ -1205,7 +1227,10 @@ impl CudaModel {
                         self.mix(anchors, na, h, res, x, n, None)?;
                         x
                     };
-                    na += restart as usize;
+                    if restart {
+                        na += 1;
+                        h = anchors + na as u64 * slot;
+                    }
                     // q = prefix + o, kept in h (a block boundary restarts the sum: h = o).
                     let out = Mm {
                         accumulate: !restart,
@@ -1271,7 +1296,7 @@ impl CudaModel {
         if self.gpu.timeline.is_some() {
             Launch::new(&self.gpu, "timeline_mark", (1, 1), 32, 0).go()?;
         }
-        self.gpu.dtoh(logits, m * self.cfg.vocab_size)
+        Ok((logits, m * self.cfg.vocab_size))
     }
 
     /// Copies the `j`-th streamed layer into its buffer on the copy stream, after the kernels of the layer
