@@ -395,40 +395,71 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     };
     let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
     let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
-    let run = |stats: &Stats| -> Result<(f64, f64)> {
-        let mut s = model.new_session();
-        let t0 = Instant::now();
-        let logits = model.forward(&mut s, &prompt, LogitRows::Last, stats)?;
-        let prefill = t0.elapsed().as_secs_f64();
-        let mut next = deltafin_engine::sampler::argmax(&logits);
+    // Each session's prompt is `prompt` rotated by its place, so the sessions route apart; the first one's
+    // prefill is timed. Returns (prefill secs, decode secs a step, expert bytes a step).
+    let run = || -> Result<(f64, f64, f64)> {
+        let stats = Stats::default();
+        let mut sessions = Vec::with_capacity(a.batch);
+        let mut next = Vec::with_capacity(a.batch);
+        let mut prefill = 0.0;
+        for i in 0..a.batch {
+            let mut s = model.new_session();
+            let mut p = prompt.clone();
+            p.rotate_left(i % prompt.len());
+            let t0 = Instant::now();
+            let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
+            if i == 0 {
+                prefill = t0.elapsed().as_secs_f64();
+            }
+            sessions.push(s);
+            next.push(deltafin_engine::sampler::argmax(&logits));
+        }
+        let bytes0 = stats.bytes();
         let t1 = Instant::now();
         for _ in 0..a.tokens {
-            next = deltafin_engine::sampler::argmax(&model.forward(
-                &mut s,
-                &[next],
-                LogitRows::Last,
-                stats,
-            )?);
+            let mut passes: Vec<Pass<'_, _>> = sessions
+                .iter_mut()
+                .zip(&next)
+                .map(|(session, t)| Pass {
+                    session,
+                    tokens: std::slice::from_ref(t),
+                    rows: LogitRows::Last,
+                })
+                .collect();
+            let logits = model.forward_batch(&mut passes, &stats)?;
+            next = logits.iter().map(|l| deltafin_engine::sampler::argmax(l)).collect();
         }
-        Ok((prefill, t1.elapsed().as_secs_f64() / a.tokens as f64))
+        let steps = a.tokens as f64;
+        Ok((
+            prefill,
+            t1.elapsed().as_secs_f64() / steps,
+            (stats.bytes() - bytes0) as f64 / steps,
+        ))
     };
-    run(&Stats::default())?; // warm the expert cache
-    let mut prefills = Vec::new();
-    let mut steps = Vec::new();
-    let stats = Stats::default();
+    run()?; // warm the expert cache
+    let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..a.runs {
-        let (p, d) = run(&stats)?;
+        let (p, d, e) = run()?;
         prefills.push(p);
         steps.push(d);
+        expert_bytes.push(e);
     }
-    // Bytes one decode step touches: every resident spine matrix once, plus its routed experts.
+    // Bytes one decode step touches: every resident spine matrix once, plus the routed experts its rows chose
+    // (each once); a token's share is the step's over the batch.
     let spine = deltafin_models::spine_bytes(&dir)?;
-    let expert_per_token = stats.bytes() as f64 / (a.runs * (prompt.len() + a.tokens)) as f64;
+    let batch = a.batch as f64;
+    let expert_per_token = median(expert_bytes) / batch;
     let bw = memory_bandwidth();
-    let step = median(steps);
+    let step = median(steps) / batch;
     let prefill = median(prefills);
-    let bound = (spine as f64 + expert_per_token) / bw;
+    let bound = (spine as f64 / batch + expert_per_token) / bw;
     println!("machine: {}", machine());
+    if a.batch > 1 {
+        println!(
+            "{} sessions decode together, one batched pass a step (per-token figures: a step over {})",
+            a.batch, a.batch
+        );
+    }
     println!(
         "memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)",
         bw / 1e9
@@ -443,8 +474,8 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         "decode: {:.2} tok/s ({:.2} ms/token); bytes per token {:.1} MB (spine {:.1} MB + experts {:.1} MB); memory bound {:.2} ms/token; efficiency {:.2}",
         1.0 / step,
         step * 1e3,
-        (spine as f64 + expert_per_token) / 1e6,
-        spine as f64 / 1e6,
+        (spine as f64 / batch + expert_per_token) / 1e6,
+        spine as f64 / batch / 1e6,
         expert_per_token / 1e6,
         bound * 1e3,
         bound / step
