@@ -9,7 +9,7 @@ use crate::store_args::{parse_size, StoreArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{Backend, LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Pass, Stats};
 use deltafin_store::{probe, Snapshot};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -29,6 +29,9 @@ pub struct BenchArgs {
     /// The cache budget of the second configuration.
     #[arg(long, default_value = "4G")]
     budget: String,
+    /// Sessions decoding together, one batched pass a step (tok/s counts every session's token).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -51,8 +54,8 @@ struct Step {
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
-    if a.tokens == 0 || a.runs == 0 {
-        bail!("--tokens and --runs must be at least 1");
+    if a.tokens == 0 || a.runs == 0 || a.batch == 0 {
+        bail!("--tokens, --runs and --batch must be at least 1");
     }
     let cache = match &a.cache_dir {
         Some(d) => d.clone(),
@@ -95,14 +98,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             };
             store.no_prefetch = !prefetch;
             let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
-            steps.extend(decode_steps(&model, a.tokens, run as u32)?);
+            steps.extend(decode_steps(&model, a.tokens, run as u32, a.batch)?);
         }
         configs.push((name, cache_bytes, prefetch, steps));
     }
     let disk_gbps = median(probes.clone());
     let configs: Vec<_> = configs
         .into_iter()
-        .map(|(n, c, p, steps)| (n, c, p, summarize(&steps, disk_gbps)))
+        .map(|(n, c, p, steps)| (n, c, p, summarize(&steps, disk_gbps, a.batch)))
         .collect();
 
     if a.json {
@@ -113,6 +116,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "dd_direct_gbps": dd_gbps,
             "io_mode": format!("{:?}", disk.mode),
             "record_bytes": 17_547_264,
+            "batch": a.batch,
             "configs": configs.iter().map(|(name, cache, prefetch, s)| json!({
                 "name": name, "expert_cache_bytes": cache, "prefetch": prefetch,
                 "tok_per_s": s.tok_per_s, "step_s": s.step, "bytes_per_token": s.bytes,
@@ -130,6 +134,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("machine: {}", machine());
+        if a.batch > 1 {
+            println!(
+                "{} sessions decode together, one batched pass a step",
+                a.batch
+            );
+        }
         println!(
             "drive: {disk_gbps:.3} GB/s median of {} probes {:?} through deltafin's read path ({:?} I/O, 8 reads in flight); dd iflag=direct: {}",
             probes.len(),
@@ -177,19 +187,39 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tokens` greedy decode steps after a 2-token prompt whose ids depend on `seed` (rotating prompts).
-fn decode_steps(model: &Model, tokens: usize, seed: u32) -> Result<Vec<Step>> {
+/// `tokens` greedy decode steps of `batch` sessions together (one batched pass a step), each after a 2-token
+/// prompt whose ids depend on `seed` and its place in the batch (rotating prompts).
+fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result<Vec<Step>> {
     let stats = Stats::with_routes();
-    let mut session = model.new_session();
-    let prompt = [17 + 31 * seed, 400 + 7 * seed];
-    let logits = model.forward(&mut session, &prompt, LogitRows::Last, &stats)?;
-    let mut next = deltafin_engine::sampler::argmax(&logits);
+    let mut sessions = Vec::with_capacity(batch);
+    let mut next = Vec::with_capacity(batch);
+    for i in 0..batch as u32 {
+        let k = seed * batch as u32 + i;
+        let mut session = model.new_session();
+        let logits = model.forward(
+            &mut session,
+            &[17 + 31 * k, 400 + 7 * k],
+            LogitRows::Last,
+            &stats,
+        )?;
+        sessions.push(session);
+        next.push(deltafin_engine::sampler::argmax(&logits));
+    }
     let mut steps = Vec::with_capacity(tokens);
     stats.take_routes();
     for _ in 0..tokens {
         let before: Snapshot = model.store().snapshot();
         let t0 = Instant::now();
-        let logits = model.forward(&mut session, &[next], LogitRows::Last, &stats)?;
+        let mut passes: Vec<Pass<'_, _>> = sessions
+            .iter_mut()
+            .zip(&next)
+            .map(|(session, t)| Pass {
+                session,
+                tokens: std::slice::from_ref(t),
+                rows: LogitRows::Last,
+            })
+            .collect();
+        let logits = model.forward_batch(&mut passes, &stats)?;
         let secs = t0.elapsed().as_secs_f64();
         let d = model.store().snapshot().since(&before);
         // Replay exactly the records this step read on demand (its misses), a layer's worth at a time.
@@ -198,6 +228,7 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32) -> Result<Vec<Step>> {
             .into_iter()
             .flat_map(|(l, ids)| ids.into_iter().map(move |e| (l, e)))
             .collect();
+        keys.sort_unstable();
         keys.dedup();
         let misses = d.requests.saturating_sub(d.hits + d.prefetch_hits) as usize;
         let replay = if d.bytes_read() == 0 {
@@ -221,7 +252,10 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32) -> Result<Vec<Step>> {
             requests: d.requests,
             hits: d.hits + d.prefetch_hits,
         });
-        next = deltafin_engine::sampler::argmax(&logits);
+        next = logits
+            .iter()
+            .map(|l| deltafin_engine::sampler::argmax(l))
+            .collect();
     }
     Ok(steps)
 }
@@ -256,14 +290,19 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// t_io is the replay: the same records read again through the same path in the same run, nothing else
 /// running — the drive's bandwidth on exactly these bytes. (The probe median is reported beside it: on a
 /// shared virtual disk with a host cache, a probe of other bytes can be far off in either direction.)
-fn summarize(steps: &[Step], disk_gbps: f64) -> Summary {
+fn summarize(steps: &[Step], disk_gbps: f64, batch: usize) -> Summary {
     let step = median(steps.iter().map(|s| s.secs).collect());
     let compute = |s: &Step| (s.secs - s.wait).max(0.0);
     Summary {
         busy: median(steps.iter().map(|s| s.busy / s.secs).collect()),
         step,
-        tok_per_s: 1.0 / step,
-        bytes: median(steps.iter().map(|s| s.bytes as f64).collect()),
+        tok_per_s: batch as f64 / step,
+        bytes: median(
+            steps
+                .iter()
+                .map(|s| s.bytes as f64 / batch as f64)
+                .collect(),
+        ),
         read_gbps: median(
             steps
                 .iter()
@@ -356,40 +395,71 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     };
     let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
     let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
-    let run = |stats: &Stats| -> Result<(f64, f64)> {
-        let mut s = model.new_session();
-        let t0 = Instant::now();
-        let logits = model.forward(&mut s, &prompt, LogitRows::Last, stats)?;
-        let prefill = t0.elapsed().as_secs_f64();
-        let mut next = deltafin_engine::sampler::argmax(&logits);
+    // Each session's prompt is `prompt` rotated by its place, so the sessions route apart; the first one's
+    // prefill is timed. Returns (prefill secs, decode secs a step, expert bytes a step).
+    let run = || -> Result<(f64, f64, f64)> {
+        let stats = Stats::default();
+        let mut sessions = Vec::with_capacity(a.batch);
+        let mut next = Vec::with_capacity(a.batch);
+        let mut prefill = 0.0;
+        for i in 0..a.batch {
+            let mut s = model.new_session();
+            let mut p = prompt.clone();
+            p.rotate_left(i % prompt.len());
+            let t0 = Instant::now();
+            let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
+            if i == 0 {
+                prefill = t0.elapsed().as_secs_f64();
+            }
+            sessions.push(s);
+            next.push(deltafin_engine::sampler::argmax(&logits));
+        }
+        let bytes0 = stats.bytes();
         let t1 = Instant::now();
         for _ in 0..a.tokens {
-            next = deltafin_engine::sampler::argmax(&model.forward(
-                &mut s,
-                &[next],
-                LogitRows::Last,
-                stats,
-            )?);
+            let mut passes: Vec<Pass<'_, _>> = sessions
+                .iter_mut()
+                .zip(&next)
+                .map(|(session, t)| Pass {
+                    session,
+                    tokens: std::slice::from_ref(t),
+                    rows: LogitRows::Last,
+                })
+                .collect();
+            let logits = model.forward_batch(&mut passes, &stats)?;
+            next = logits.iter().map(|l| deltafin_engine::sampler::argmax(l)).collect();
         }
-        Ok((prefill, t1.elapsed().as_secs_f64() / a.tokens as f64))
+        let steps = a.tokens as f64;
+        Ok((
+            prefill,
+            t1.elapsed().as_secs_f64() / steps,
+            (stats.bytes() - bytes0) as f64 / steps,
+        ))
     };
-    run(&Stats::default())?; // warm the expert cache
-    let mut prefills = Vec::new();
-    let mut steps = Vec::new();
-    let stats = Stats::default();
+    run()?; // warm the expert cache
+    let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..a.runs {
-        let (p, d) = run(&stats)?;
+        let (p, d, e) = run()?;
         prefills.push(p);
         steps.push(d);
+        expert_bytes.push(e);
     }
-    // Bytes one decode step touches: every resident spine matrix once, plus its routed experts.
+    // Bytes one decode step touches: every resident spine matrix once, plus the routed experts its rows chose
+    // (each once); a token's share is the step's over the batch.
     let spine = deltafin_models::spine_bytes(&dir)?;
-    let expert_per_token = stats.bytes() as f64 / (a.runs * (prompt.len() + a.tokens)) as f64;
+    let batch = a.batch as f64;
+    let expert_per_token = median(expert_bytes) / batch;
     let bw = memory_bandwidth();
-    let step = median(steps);
+    let step = median(steps) / batch;
     let prefill = median(prefills);
-    let bound = (spine as f64 + expert_per_token) / bw;
+    let bound = (spine as f64 / batch + expert_per_token) / bw;
     println!("machine: {}", machine());
+    if a.batch > 1 {
+        println!(
+            "{} sessions decode together, one batched pass a step (per-token figures: a step over {})",
+            a.batch, a.batch
+        );
+    }
     println!(
         "memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)",
         bw / 1e9
@@ -404,8 +474,8 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         "decode: {:.2} tok/s ({:.2} ms/token); bytes per token {:.1} MB (spine {:.1} MB + experts {:.1} MB); memory bound {:.2} ms/token; efficiency {:.2}",
         1.0 / step,
         step * 1e3,
-        (spine as f64 + expert_per_token) / 1e6,
-        spine as f64 / 1e6,
+        (spine as f64 / batch + expert_per_token) / 1e6,
+        spine as f64 / batch / 1e6,
         expert_per_token / 1e6,
         bound * 1e3,
         bound / step

@@ -1,10 +1,10 @@
-//! Reproducibility (design.md, "Exactness" 2–3): bit-identical logits across runs and thread counts, and a
-//! prefill of n tokens equal to n single-token steps.
+//! Reproducibility (design.md, "Exactness" 2–3): bit-identical logits across runs and thread counts, a
+//! prefill of n tokens equal to n single-token steps, and a batch of sessions equal to each session's own pass.
 
 mod common;
 use common::*;
 use deltafin_makemodel::Arch;
-use deltafin_models::{Backend, LogitRows, Model, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Pass, Stats};
 
 const PROMPT: [u32; 10] = [5, 300, 17, 42, 511, 99, 256, 7, 64, 128];
 
@@ -111,4 +111,80 @@ fn chunked_prefill_equals_one_pass() {
         one == two,
         "a prompt split in two chunks must give the same bits as one pass"
     );
+}
+
+/// Sessions at different positions in one batched pass — a decode token, a verification of three, a fresh
+/// prompt — get exactly the logits of their own passes, and continue exactly as those would.
+#[test]
+fn batched_sessions_equal_their_own_passes() {
+    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+        let t = tiny(arch, 5);
+        let model = Model::load(&model_dir(&t)).unwrap();
+        let stats = Stats::default();
+        let mut a = model.new_session();
+        model
+            .forward(&mut a, &PROMPT, LogitRows::Last, &stats)
+            .unwrap();
+        let mut b = model.new_session();
+        model
+            .forward(&mut b, &PROMPT[..4], LogitRows::Last, &stats)
+            .unwrap();
+        let c = model.new_session();
+        let work: [(&[u32], LogitRows); 3] = [
+            (&[77], LogitRows::Last),
+            (&[3, 8, 12], LogitRows::All),
+            (&[400, 2, 9, 31, 6], LogitRows::Last),
+        ];
+        let mut own = Vec::new();
+        for (s, (tokens, rows)) in [&a, &b, &c].into_iter().zip(work) {
+            let mut s1 = s.clone();
+            let first = model.forward(&mut s1, tokens, rows, &stats).unwrap();
+            let next = model
+                .forward(&mut s1, &[11], LogitRows::Last, &stats)
+                .unwrap();
+            own.push((first, next));
+        }
+        let mut sessions = [a.clone(), b.clone(), c.clone()];
+        let mut batch: Vec<Pass<'_, _>> = sessions
+            .iter_mut()
+            .zip(work)
+            .map(|(session, (tokens, rows))| Pass {
+                session,
+                tokens,
+                rows,
+            })
+            .collect();
+        let firsts = model.forward_batch(&mut batch, &stats).unwrap();
+        // The same sessions continue together, one token each.
+        let mut batch: Vec<Pass<'_, _>> = sessions
+            .iter_mut()
+            .map(|session| Pass {
+                session,
+                tokens: &[11],
+                rows: LogitRows::Last,
+            })
+            .collect();
+        let nexts = model.forward_batch(&mut batch, &stats).unwrap();
+        for (i, (first, next)) in firsts.into_iter().zip(nexts).enumerate() {
+            assert_eq!(
+                first.len(),
+                own[i].0.len(),
+                "{arch:?}: session {i}'s logit rows"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&first) == bits(&own[i].0),
+                "{arch:?}: session {i}'s batched logits differ"
+            );
+            assert!(
+                bits(&next) == bits(&own[i].1),
+                "{arch:?}: session {i}'s next step differs"
+            );
+            assert_eq!(
+                model.position(&sessions[i]),
+                [12, 8, 6][i],
+                "{arch:?}: session {i}'s position"
+            );
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! One request's generation as a step machine: each [`Generation::step`] runs exactly one forward pass (a
-//! chunk of the prompt, or one generated token), so a scheduler can interleave many requests and check for
-//! cancellation between passes. Prefill chunks and token-by-token decoding give bit-identical logits, so
+//! chunk of the prompt, or one generated token) — or [`Generation::plan`] says what that pass is, so a
+//! scheduler can run many requests' passes as one batch — and cancellation is checked between passes. Prefill chunks and token-by-token decoding give bit-identical logits, so
 //! how the work is cut never changes the output.
 
 use crate::{Draft, FinishReason, Flow, Request, Sampler};
@@ -18,6 +18,15 @@ pub struct Resume<B: Backend> {
 
 /// The tokens a session consumed, the session, and the logits after them.
 pub type Snapshot<B> = (Vec<u32>, <B as Backend>::Session, Vec<f32>);
+
+/// A pass a generation needs ([`Generation::plan`]): its tokens and which rows need logits.
+pub struct Planned {
+    pub tokens: Vec<u32>,
+    pub rows: LogitRows,
+    /// A piece of the prompt (otherwise a generated token).
+    pub prefill: bool,
+    t0: Instant,
+}
 
 pub struct Generation<B: Backend> {
     session: B::Session,
@@ -110,48 +119,82 @@ impl<B: Backend> Generation<B> {
         model: &B,
         stats: &Stats,
         prefill_chunk: usize,
-        mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+        on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
-        if self.finish.is_some() {
-            return Ok(self.finish);
+        if let Some(next) = self.plan(prefill_chunk, on_token) {
+            let logits = model.forward(&mut self.session, &next.tokens, next.rows, stats)?;
+            self.apply(next, logits, model.config().vocab_size);
         }
+        Ok(self.finish)
+    }
+
+    /// [`Self::step`] up to its pass: the prompt's next piece, or the chosen token (shown to `on_token`) to
+    /// feed. `None` when no pass is needed: generation is over (perhaps with the token just chosen). The pass
+    /// is then run on [`Self::session_mut`] — alone, or in a batch with other generations' passes
+    /// ([`Backend::forward_batch`]) — and its logits handed to [`Self::apply`].
+    pub fn plan(
+        &mut self,
+        prefill_chunk: usize,
+        mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Option<Planned> {
+        if self.finish.is_some() {
+            return None;
+        }
+        let t0 = Instant::now();
         let Some(last) = self.last.take() else {
-            let t0 = Instant::now();
             let start = self.history.len();
             let end = self.prompt.len().min(start + prefill_chunk.max(1));
-            let chunk = &self.prompt[start..end];
             let rows = if self.prompt_logits.is_some() {
                 LogitRows::All
             } else {
                 LogitRows::Last
             };
-            let logits = model.forward(&mut self.session, chunk, rows, stats)?;
-            let vocab = model.config().vocab_size;
-            let last = logits[logits.len() - vocab..].to_vec();
-            if let Some(all) = &mut self.prompt_logits {
-                all.extend_from_slice(&logits);
-            }
-            self.history.extend_from_slice(chunk);
-            if end == self.prompt.len() {
-                self.last = Some(last);
-                if self.max_new == 0 {
-                    self.finish = Some(FinishReason::Length);
-                }
-            }
-            self.prefill_secs += t0.elapsed().as_secs_f64();
-            return Ok(self.finish);
+            return Some(Planned {
+                tokens: self.prompt[start..end].to_vec(),
+                rows,
+                prefill: true,
+                t0,
+            });
         };
-        let t0 = Instant::now();
         let next = self.sampler.pick(&last);
         self.finish = self.emit(next, &last, &mut on_token);
         self.last = Some(last);
-        if self.finish.is_none() {
-            let logits = model.forward(&mut self.session, &[next], LogitRows::Last, stats)?;
-            self.history.push(next);
-            self.last = Some(logits);
+        if self.finish.is_some() {
+            self.decode_secs += t0.elapsed().as_secs_f64();
+            return None;
         }
-        self.decode_secs += t0.elapsed().as_secs_f64();
-        Ok(self.finish)
+        Some(Planned {
+            tokens: vec![next],
+            rows: LogitRows::Last,
+            prefill: false,
+            t0,
+        })
+    }
+
+    /// The session a planned pass runs on.
+    pub fn session_mut(&mut self) -> &mut B::Session {
+        &mut self.session
+    }
+
+    /// Takes the logits of the pass `planned` described (run on this generation's session).
+    pub fn apply(&mut self, planned: Planned, logits: Vec<f32>, vocab: usize) {
+        self.history.extend_from_slice(&planned.tokens);
+        if !planned.prefill {
+            self.last = Some(logits);
+            self.decode_secs += planned.t0.elapsed().as_secs_f64();
+            return;
+        }
+        let last = logits[logits.len() - vocab..].to_vec();
+        if let Some(all) = &mut self.prompt_logits {
+            all.extend(logits);
+        }
+        if self.history.len() == self.prompt.len() {
+            self.last = Some(last);
+            if self.max_new == 0 {
+                self.finish = Some(FinishReason::Length);
+            }
+        }
+        self.prefill_secs += planned.t0.elapsed().as_secs_f64();
     }
 
     /// Hands a chosen token out; whether generation ends with it.

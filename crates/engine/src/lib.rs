@@ -3,7 +3,7 @@
 //! changes which experts run.
 //!
 //! Serving builds on it: [`Generation`] (one request as a step machine), [`Scheduler`] (a worker thread that
-//! interleaves requests fairly, with a bounded queue and cancellation), [`PrefixCache`] (exact reuse of the
+//! advances every request in one batched pass, with a bounded queue and cancellation), [`PrefixCache`] (exact reuse of the
 //! state of an earlier prompt), [`logprobs`] and [`StopMatcher`] (stop strings across token boundaries).
 
 pub mod generation;
@@ -16,7 +16,7 @@ pub mod stop;
 
 use anyhow::Result;
 use deltafin_models::{Backend, Stats};
-pub use generation::{Generation, Resume, Snapshot};
+pub use generation::{Generation, Planned, Resume, Snapshot};
 pub use logprobs::{logprobs, TokenLogprob};
 pub use prefix_cache::PrefixCache;
 pub use sampler::{Sampler, SamplingParams};

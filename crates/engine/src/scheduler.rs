@@ -1,12 +1,18 @@
 //! Serving several requests from one model on any backend: a dedicated worker thread (model work blocks and
-//! must not run on an async runtime) admits jobs from a bounded queue and round-robins one forward pass per
-//! active job — a prefill chunk or one token — so a long prompt or a long answer cannot starve the others.
-//! Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its session.
-//! Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends one resumes
-//! there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged).
+//! must not run on an async runtime) admits jobs from a bounded queue and advances every active job by one
+//! piece — a prefill chunk or one token — in one batched forward pass ([`Backend::forward_batch`]): a routed
+//! expert chosen by several jobs is read once for all of them, and each job's rows are computed exactly as
+//! alone, so its tokens and logits do not depend on the others. A long prompt or a long answer cannot starve
+//! the others. Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its
+//! session. Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends
+//! one resumes there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged), in
+//! passes of its own.
 
-use crate::{logprobs, Draft, FinishReason, Flow, Generation, PrefixCache, Request, TokenLogprob};
-use deltafin_models::{Backend, Model, Stats};
+use crate::{
+    logprobs, Draft, FinishReason, Flow, Generation, Planned, PrefixCache, Request, TokenLogprob,
+};
+use anyhow::Result;
+use deltafin_models::{Backend, Model, Pass, Stats};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,7 +22,7 @@ use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Jobs computed concurrently, interleaved one pass at a time.
+    /// Jobs computed concurrently, each advanced by one piece in every (batched) pass.
     pub max_active: usize,
     /// Jobs that may wait for a free active slot; a submit beyond that is rejected.
     pub queue_capacity: usize,
@@ -113,6 +119,7 @@ pub struct Counters {
     /// Prompt tokens taken from the prefix cache instead of computed.
     pub cached_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
+    /// Time in passes, split between prompt and generated rows by their share of a pass's rows.
     pub prefill_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     pub queued: AtomicU64,
@@ -300,23 +307,11 @@ impl<B: Backend> Worker<B> {
                     active.push(a);
                 }
             }
-            let mut still = Vec::with_capacity(active.len());
-            for mut a in active.drain(..) {
-                match catch_unwind(AssertUnwindSafe(|| self.pass(&mut a))) {
-                    Ok(Outcome::Running) => still.push(a),
-                    Ok(Outcome::Done) => self.remember(a.gen),
-                    Ok(Outcome::Dropped) => {}
-                    Err(panic) => {
-                        let what = panic_message(&panic);
-                        self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
-                        let sink = &mut a.job.sink;
-                        let _ = catch_unwind(AssertUnwindSafe(|| {
-                            sink.finished(Err(format!("internal error: {what}")))
-                        }));
-                    }
-                }
-            }
-            active = still;
+            active = if self.shared.cfg.drafter.is_some() {
+                self.each(active)
+            } else {
+                self.batched(active)
+            };
             self.set_active(active.len());
         }
     }
@@ -385,8 +380,133 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// One forward pass of `a`.
-    fn pass(&mut self, a: &mut Active<B>) -> Outcome {
+    /// Settles a job after its part of a pass: kept running, remembered, dropped, or failed by a panic.
+    fn settle(
+        &mut self,
+        mut a: Active<B>,
+        outcome: std::thread::Result<Outcome>,
+        still: &mut Vec<Active<B>>,
+    ) {
+        match outcome {
+            Ok(Outcome::Running) => still.push(a),
+            Ok(Outcome::Done) => self.remember(a.gen),
+            Ok(Outcome::Dropped) => {}
+            Err(panic) => {
+                let what = panic_message(&panic);
+                self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                let sink = &mut a.job.sink;
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    sink.finished(Err(format!("internal error: {what}")))
+                }));
+            }
+        }
+    }
+
+    /// With a drafter: each job's own speculative pass, one after another.
+    fn each(&mut self, active: Vec<Active<B>>) -> Vec<Active<B>> {
+        let mut still = Vec::with_capacity(active.len());
+        for mut a in active {
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.speculative(&mut a)));
+            self.settle(a, outcome, &mut still);
+        }
+        still
+    }
+
+    /// Every job's next piece in one batched pass: each plans it (a chosen token goes to its sink now), the
+    /// pass runs, and each takes its logits. A failed or panicking pass fails the jobs in it.
+    fn batched(&mut self, active: Vec<Active<B>>) -> Vec<Active<B>> {
+        let shared = self.shared.clone();
+        let c = &shared.counters;
+        let mut still = Vec::with_capacity(active.len());
+        let mut planned: Vec<(Active<B>, bool, Planned)> = Vec::with_capacity(active.len());
+        for mut a in active {
+            if a.job.sink.cancelled() {
+                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let was_prefilled = a.gen.prefilled();
+            let plan = catch_unwind(AssertUnwindSafe(|| {
+                let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
+                a.gen
+                    .plan(shared.cfg.prefill_chunk, |token: u32, logits: &[f32]| {
+                        c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+                        sink.token(token, top.map(|n| logprobs(logits, token, n)))
+                    })
+            }));
+            let outcome = match plan {
+                Ok(Some(p)) => {
+                    planned.push((a, was_prefilled, p));
+                    continue;
+                }
+                // The chosen token ended the generation: no pass.
+                Ok(None) => catch_unwind(AssertUnwindSafe(|| {
+                    let finish = a.gen.finish_reason();
+                    self.after(&mut a, was_prefilled, Ok(finish))
+                })),
+                Err(panic) => Err(panic),
+            };
+            self.settle(a, outcome, &mut still);
+        }
+        if planned.is_empty() {
+            return still;
+        }
+        let t0 = Instant::now();
+        let result = {
+            let mut passes: Vec<Pass<'_, B::Session>> = planned
+                .iter_mut()
+                .map(|(a, _, p)| Pass {
+                    session: a.gen.session_mut(),
+                    tokens: &p.tokens,
+                    rows: p.rows,
+                })
+                .collect();
+            let model = &*self.model;
+            catch_unwind(AssertUnwindSafe(|| {
+                model.forward_batch(&mut passes, &shared.stats)
+            }))
+        };
+        let ns = t0.elapsed().as_nanos() as u64;
+        let rows = |prefill: bool| -> u64 {
+            planned
+                .iter()
+                .filter(|(_, _, p)| p.prefill == prefill)
+                .map(|(_, _, p)| p.tokens.len() as u64)
+                .sum()
+        };
+        let (prefill_rows, decode_rows) = (rows(true), rows(false));
+        let prefill_ns = ns * prefill_rows / (prefill_rows + decode_rows);
+        c.prefill_ns.fetch_add(prefill_ns, Ordering::Relaxed);
+        c.decode_ns.fetch_add(ns - prefill_ns, Ordering::Relaxed);
+        let vocab = self.model.config().vocab_size;
+        let (mut logits, failure) = match result {
+            Ok(Ok(l)) => (l.into_iter(), None),
+            Ok(Err(e)) => (Vec::new().into_iter(), Some(format!("{e:#}"))),
+            Err(panic) => (
+                Vec::new().into_iter(),
+                Some(format!("internal error: {}", panic_message(&panic))),
+            ),
+        };
+        for (mut a, was_prefilled, p) in planned {
+            let outcome = match &failure {
+                None => {
+                    let l = logits.next().expect("one result a pass");
+                    catch_unwind(AssertUnwindSafe(|| {
+                        a.gen.apply(p, l, vocab);
+                        let finish = a.gen.finish_reason();
+                        self.after(&mut a, was_prefilled, Ok(finish))
+                    }))
+                }
+                Some(e) => catch_unwind(AssertUnwindSafe(|| {
+                    self.after(&mut a, was_prefilled, Err(anyhow::anyhow!("{e}")))
+                })),
+            };
+            self.settle(a, outcome, &mut still);
+        }
+        still
+    }
+
+    /// One speculative pass of `a` (its generation checks the drafter's guesses).
+    fn speculative(&mut self, a: &mut Active<B>) -> Outcome {
         let c = &self.shared.counters;
         if a.job.sink.cancelled() {
             c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -404,18 +524,16 @@ impl<B: Backend> Worker<B> {
             &self.shared.stats,
             self.shared.cfg.prefill_chunk,
         );
-        let step = match &mut a.draft {
-            Some(d) => {
-                let before = (d.proposed, d.accepted);
-                let step = a.gen.step_speculative(model, d, stats, chunk, on_token);
-                c.draft_proposed
-                    .fetch_add(d.proposed - before.0, Ordering::Relaxed);
-                c.draft_accepted
-                    .fetch_add(d.accepted - before.1, Ordering::Relaxed);
-                step
-            }
-            None => a.gen.step(model, stats, chunk, on_token),
-        };
+        let d = a
+            .draft
+            .as_mut()
+            .expect("jobs have drafts when the scheduler has a drafter");
+        let before = (d.proposed, d.accepted);
+        let step = a.gen.step_speculative(model, d, stats, chunk, on_token);
+        c.draft_proposed
+            .fetch_add(d.proposed - before.0, Ordering::Relaxed);
+        c.draft_accepted
+            .fetch_add(d.accepted - before.1, Ordering::Relaxed);
         let ns = t0.elapsed().as_nanos() as u64;
         if was_prefilled {
             &c.decode_ns
@@ -423,6 +541,18 @@ impl<B: Backend> Worker<B> {
             &c.prefill_ns
         }
         .fetch_add(ns, Ordering::Relaxed);
+        self.after(a, was_prefilled, step)
+    }
+
+    /// What follows a job's pass: a failure ends it; a prompt just consumed is reported (and its state goes
+    /// to the prefix cache); a finished generation is reported.
+    fn after(
+        &mut self,
+        a: &mut Active<B>,
+        was_prefilled: bool,
+        step: Result<Option<FinishReason>>,
+    ) -> Outcome {
+        let c = &self.shared.counters;
         let finish = match step {
             Ok(f) => f,
             Err(e) => {

@@ -1,5 +1,6 @@
 //! The serving pieces on a real (tiny, random) K3 checkpoint: chunked prefill and prefix reuse are exact,
-//! the scheduler interleaves jobs fairly, rejects past its queue, and drops cancelled jobs.
+//! the scheduler batches jobs fairly and exactly, rejects past its queue, drops cancelled jobs, and survives a
+//! failed pass.
 
 use deltafin_engine::*;
 use deltafin_makemodel::{make_model, Arch, Preset};
@@ -255,20 +256,27 @@ impl Harness {
     }
 }
 
-#[test]
-fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
-    let m: &Model = model();
-    let sched = Scheduler::start(
+fn scheduler(max_active: usize, queue_capacity: usize) -> Scheduler {
+    Scheduler::start(
         model().clone(),
         SchedulerConfig {
-            max_active: 3,
-            queue_capacity: 0,
+            max_active,
+            queue_capacity,
             prefill_chunk: 4,
             prefix_cache_bytes: 0,
             ..Default::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Three jobs advance together, one piece each in every batched pass: each gets exactly its plain
+/// generation's tokens (sampled ones too), and the batch reads fewer expert bytes than the same jobs one at a
+/// time (an expert chosen by several jobs is read once a pass).
+#[test]
+fn the_scheduler_batches_jobs_and_matches_plain_generation() {
+    let m: &Model = model();
+    let sched = scheduler(3, 0);
     let h = Harness::new();
     let reqs: Vec<Request> = (0..3)
         .map(|i| request(&PROMPT[i..], 12, 0.7 * i as f32))
@@ -290,7 +298,7 @@ fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
             (FinishReason::Length, 12)
         );
     }
-    // Fair: one pass per job per round, so while all three run, their token counts stay within the few
+    // Fair: one piece per job in every pass, so while all three run, their token counts stay within the few
     // prefill passes by which their starts can differ.
     let log = h.log.lock().unwrap().clone();
     let mut counts = [0usize; 3];
@@ -304,7 +312,23 @@ fn the_scheduler_interleaves_jobs_and_matches_plain_generation() {
     let c = sched.counters();
     assert_eq!(c.completed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completion_tokens.load(Ordering::Relaxed), 36);
-    assert!(sched.stats().bytes() > 0, "expert bytes are counted");
+    let batched = sched.stats().bytes();
+    assert!(batched > 0, "expert bytes are counted");
+    let one_by_one = scheduler(1, 2);
+    let h = Harness::new();
+    for (i, r) in reqs.iter().enumerate() {
+        one_by_one.submit(h.job(i, r.clone(), None)).unwrap();
+    }
+    for _ in 0..3 {
+        let (id, result) = h.next();
+        let plain = generate(m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
+        assert_eq!(result.unwrap().1, plain.tokens, "job {id} alone");
+    }
+    let alone = one_by_one.stats().bytes();
+    assert!(
+        batched < alone,
+        "batched passes read {batched} expert bytes, one job at a time {alone}"
+    );
 }
 
 #[test]
@@ -417,4 +441,96 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
             }
         }
     }
+}
+
+/// The tiny model, with batched passes that fail once `fail_at` of them have run.
+struct Flaky {
+    passes: std::sync::atomic::AtomicUsize,
+    fail_at: usize,
+}
+
+impl Backend for Flaky {
+    type Session = deltafin_models::Session;
+    fn config(&self) -> &deltafin_formats::config::ModelConfig {
+        model().config()
+    }
+    fn store(&self) -> &Arc<deltafin_store::ExpertStore> {
+        Backend::store(&**model())
+    }
+    fn kernels(&self) -> String {
+        model().kernels()
+    }
+    fn reports_layers(&self) -> bool {
+        false
+    }
+    fn new_session(&self) -> anyhow::Result<Self::Session> {
+        Backend::new_session(&**model())
+    }
+    fn forward(
+        &self,
+        session: &mut Self::Session,
+        tokens: &[u32],
+        rows: deltafin_models::LogitRows,
+        stats: &Stats,
+    ) -> anyhow::Result<Vec<f32>> {
+        model().forward(session, tokens, rows, stats)
+    }
+    fn forward_batch(
+        &self,
+        batch: &mut [deltafin_models::Pass<'_, Self::Session>],
+        stats: &Stats,
+    ) -> anyhow::Result<Vec<Vec<f32>>> {
+        if self.passes.fetch_add(1, Ordering::Relaxed) >= self.fail_at {
+            anyhow::bail!("the expert store could not read a record");
+        }
+        model().forward_batch(batch, stats)
+    }
+    fn fork(&self, session: &Self::Session) -> anyhow::Result<Self::Session> {
+        model().fork(session)
+    }
+    fn position(&self, session: &Self::Session) -> usize {
+        model().position(session)
+    }
+    fn session_bytes(&self, session: &Self::Session) -> usize {
+        model().session_bytes(session)
+    }
+}
+
+/// A batched pass that fails ends every job in it with the error, and the scheduler keeps running: the
+/// counters say so, and a later job is served (here it fails the same way, reported, not hung).
+#[test]
+fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
+    let flaky = Arc::new(Flaky {
+        passes: Default::default(),
+        fail_at: 3,
+    });
+    let sched = Scheduler::start(
+        flaky,
+        SchedulerConfig {
+            max_active: 2,
+            queue_capacity: 1,
+            prefill_chunk: 4,
+            prefix_cache_bytes: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let h = Harness::new();
+    for i in 0..2 {
+        sched
+            .submit(h.job(i, request(&PROMPT, 20, 0.0), None))
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let (id, result) = h.next();
+        let err = result.expect_err("the pass failed");
+        assert!(err.contains("could not read a record"), "job {id}: {err}");
+    }
+    sched
+        .submit(h.job(2, request(&PROMPT, 2, 0.0), None))
+        .unwrap();
+    assert!(h.next().1.is_err());
+    let c = sched.counters();
+    assert_eq!(c.failed.load(Ordering::Relaxed), 3);
+    assert_eq!(c.completed.load(Ordering::Relaxed), 0);
 }

@@ -38,6 +38,22 @@ pub trait Backend: Send + Sync {
         stats: &Stats,
     ) -> Result<Vec<f32>>;
 
+    /// One pass over several sessions at once: each `Pass` runs its tokens after its session's history, and
+    /// gets its logits (`[rows, vocab]`, in batch order). A row's arithmetic never depends on the other rows, so
+    /// each session's logits equal those of its own `forward` bit for bit; what the batch shares is the reading
+    /// of the weights (a routed expert chosen by several rows is read once for all of them). This default runs
+    /// the passes one after another.
+    fn forward_batch(
+        &self,
+        batch: &mut [Pass<'_, Self::Session>],
+        stats: &Stats,
+    ) -> Result<Vec<Vec<f32>>> {
+        batch
+            .iter_mut()
+            .map(|p| self.forward(p.session, p.tokens, p.rows, stats))
+            .collect()
+    }
+
     /// An independent copy of `session`, equal bit for bit: both continue exactly as the original would.
     fn fork(&self, session: &Self::Session) -> Result<Self::Session>;
 
@@ -46,4 +62,11 @@ pub trait Backend: Send + Sync {
 
     /// Memory `session` holds (what the prefix cache counts against its budget).
     fn session_bytes(&self, session: &Self::Session) -> usize;
+}
+
+/// One session's part of a batched pass ([`Backend::forward_batch`]).
+pub struct Pass<'a, S> {
+    pub session: &'a mut S,
+    pub tokens: &'a [u32],
+    pub rows: LogitRows,
 }

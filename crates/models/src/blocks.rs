@@ -6,6 +6,7 @@ use crate::mla::{LatentCache, Mla};
 use crate::moe::{Mlp, Moe};
 use crate::ops::Act;
 use crate::weights::Loader;
+use crate::{Pass, Session};
 use anyhow::Result;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_store::ExpertStore;
@@ -47,6 +48,25 @@ impl Attention {
             (Attention::Mla(m), LayerState::Mla(c)) => m.forward(x, n, c),
             _ => unreachable!("a session's layer states are made by the same model's layers"),
         }
+    }
+
+    /// Layer `l`'s attention over a batch's rows (`x`: `[rows, hd]`, the sessions' rows in batch order): each
+    /// session's rows through its own state.
+    pub fn forward_batch(
+        &self,
+        x: &[f32],
+        hd: usize,
+        batch: &mut [Pass<'_, Session>],
+        l: usize,
+    ) -> Vec<f32> {
+        let mut out = Vec::with_capacity(x.len());
+        let mut at = 0;
+        for p in batch {
+            let n = p.tokens.len();
+            out.extend(self.forward(&x[at * hd..(at + n) * hd], n, &mut p.session.layers[l]));
+            at += n;
+        }
+        out
     }
 }
 

@@ -7,7 +7,7 @@ use crate::experts::Stats;
 use crate::ops::{inv_rms, rms_norm, softmax};
 use crate::spine::Spine;
 use crate::weights::{context_layer, Embedding, Linear, Loader};
-use crate::{LogitRows, Session};
+use crate::{batch_tokens, logit_rows, split_logits, Pass, Session};
 use anyhow::Result;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::ModelConfig;
@@ -97,13 +97,10 @@ impl KimiK3 {
         self.layers.streamed()
     }
 
-    pub fn forward(
-        &self,
-        session: &mut Session,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
+    /// One pass over the batch's rows (each session's tokens in turn): every row is computed on its own but in
+    /// attention, which reads its own session's state.
+    pub fn forward(&self, batch: &mut [Pass<'_, Session>], stats: &Stats) -> Result<Vec<Vec<f32>>> {
+        let tokens = batch_tokens(batch);
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let block = self
             .cfg
@@ -113,7 +110,7 @@ impl KimiK3 {
             |x: &mut [f32], w: &[f32]| x.chunks_mut(hd).for_each(|r| rms_norm(r, w, eps));
 
         // Embedding: h = E[token]; the partial sum h and the block anchors are per position.
-        let mut h = self.embed.lookup(tokens)?;
+        let mut h = self.embed.lookup(&tokens)?;
         let mut anchors: Vec<Vec<f32>> = Vec::new();
         self.layers.walk(|l, layer, next| {
             let t_layer = std::time::Instant::now();
@@ -132,7 +129,7 @@ impl KimiK3 {
             };
             // 3. o = Attn(RMS(a, input_layernorm)).
             norm_rows(&mut a, &layer.input_norm);
-            let o = layer.attn.forward(&a, n, &mut session.layers[l]);
+            let o = layer.attn.forward_batch(&a, hd, batch, l);
             // 4. q = prefix + o.
             let q = match prefix {
                 Some(mut p) => {
@@ -151,12 +148,11 @@ impl KimiK3 {
             stats.add_layer_time(l, t_layer);
             Ok(())
         })?;
-        // Tail: logits = lm_head · RMS(Mix([anchors…, h], w_out), norm).
-        let mut f = mix(&anchors, &h, &self.out_res, hd, eps);
-        let f = rows.select(&mut f, hd);
-        norm_rows(f, &self.norm);
-        session.pos += n;
-        Ok(self.lm_head.forward(f, f.len() / hd))
+        // Tail: logits = lm_head · RMS(Mix([anchors…, h], w_out), norm), for the rows that need them.
+        let mut f = logit_rows(&mix(&anchors, &h, &self.out_res, hd, eps), hd, batch);
+        norm_rows(&mut f, &self.norm);
+        let logits = self.lm_head.forward(&f, f.len() / hd);
+        Ok(split_logits(logits, self.cfg.vocab_size, batch))
     }
 }
 

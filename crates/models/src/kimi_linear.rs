@@ -6,7 +6,7 @@ use crate::experts::Stats;
 use crate::ops::rms_norm;
 use crate::spine::Spine;
 use crate::weights::{context_layer, Embedding, Linear, Loader};
-use crate::{LogitRows, Session};
+use crate::{batch_tokens, logit_rows, split_logits, Pass, Session};
 use anyhow::Result;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::ModelConfig;
@@ -80,26 +80,22 @@ impl KimiLinear {
         self.layers.streamed()
     }
 
-    pub fn forward(
-        &self,
-        session: &mut Session,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
+    /// One pass over the batch's rows (each session's tokens in turn), as in `KimiK3::forward`.
+    pub fn forward(&self, batch: &mut [Pass<'_, Session>], stats: &Stats) -> Result<Vec<Vec<f32>>> {
+        let tokens = batch_tokens(batch);
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let normed = |x: &[f32], w: &[f32]| {
             let mut y = x.to_vec();
             y.chunks_mut(hd).for_each(|r| rms_norm(r, w, eps));
             y
         };
-        let mut h = self.embed.lookup(tokens)?;
+        let mut h = self.embed.lookup(&tokens)?;
         self.layers.walk(|l, layer, next| {
             let t_layer = std::time::Instant::now();
             // h += Attn(RMS(h)); h += MLP(RMS(h)).
             let o = layer
                 .attn
-                .forward(&normed(&h, &layer.input_norm), n, &mut session.layers[l]);
+                .forward_batch(&normed(&h, &layer.input_norm), hd, batch, l);
             h.iter_mut().zip(&o).for_each(|(h, o)| *h += o);
             let y = context_layer(
                 layer.ffn.forward(
@@ -114,9 +110,9 @@ impl KimiLinear {
             stats.add_layer_time(l, t_layer);
             Ok(())
         })?;
-        let f = rows.select(&mut h, hd);
+        let mut f = logit_rows(&h, hd, batch);
         f.chunks_mut(hd).for_each(|r| rms_norm(r, &self.norm, eps));
-        session.pos += n;
-        Ok(self.lm_head.forward(f, f.len() / hd))
+        let logits = self.lm_head.forward(&f, f.len() / hd);
+        Ok(split_logits(logits, self.cfg.vocab_size, batch))
     }
 }

@@ -15,7 +15,7 @@ pub mod spine;
 pub mod weights;
 
 use anyhow::{bail, Result};
-pub use backend::Backend;
+pub use backend::{Backend, Pass};
 use blocks::LayerState;
 use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
@@ -33,16 +33,48 @@ pub enum LogitRows {
     Last,
 }
 
-impl LogitRows {
-    fn select(self, h: &mut [f32], hd: usize) -> &mut [f32] {
-        match self {
-            LogitRows::All => h,
-            LogitRows::Last => {
-                let n = h.len() / hd;
-                &mut h[(n - 1) * hd..]
-            }
-        }
+/// A batched pass's rows: every session's tokens in batch order.
+fn batch_tokens(batch: &[Pass<'_, Session>]) -> Vec<u32> {
+    batch
+        .iter()
+        .flat_map(|p| p.tokens.iter().copied())
+        .collect()
+}
+
+/// The rows of `h` (`[rows, hd]`, the batch's rows in order) that need logits: each session's last row, or all
+/// of its rows.
+fn logit_rows(h: &[f32], hd: usize, batch: &[Pass<'_, Session>]) -> Vec<f32> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for p in batch {
+        let n = p.tokens.len();
+        let from = match p.rows {
+            LogitRows::All => at,
+            LogitRows::Last => at + n - 1,
+        };
+        out.extend_from_slice(&h[from * hd..(at + n) * hd]);
+        at += n;
     }
+    out
+}
+
+/// The head's logits (`[rows, vocab]` for `logit_rows`' rows) split back into each session's, whose position
+/// moves past its tokens.
+fn split_logits(logits: Vec<f32>, vocab: usize, batch: &mut [Pass<'_, Session>]) -> Vec<Vec<f32>> {
+    let mut rest = logits.as_slice();
+    batch
+        .iter_mut()
+        .map(|p| {
+            p.session.pos += p.tokens.len();
+            let rows = match p.rows {
+                LogitRows::All => p.tokens.len(),
+                LogitRows::Last => 1,
+            };
+            let (mine, tail) = rest.split_at(rows * vocab);
+            rest = tail;
+            mine.to_vec()
+        })
+        .collect()
 }
 
 /// One sequence's state: KDA recurrent states and MLA latent caches, one per layer.
@@ -157,10 +189,29 @@ impl Backend for Model {
         rows: LogitRows,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
-        check_tokens(self.config(), tokens)?;
+        let pass = Pass {
+            session,
+            tokens,
+            rows,
+        };
+        let mut logits = self.forward_batch(&mut [pass], stats)?;
+        Ok(logits.pop().expect("one pass, one result"))
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &mut [Pass<'_, Session>],
+        stats: &Stats,
+    ) -> Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        for p in batch.iter() {
+            check_tokens(self.config(), p.tokens)?;
+        }
         on_pool(|| match self {
-            Model::KimiK3(m) => m.forward(session, tokens, rows, stats),
-            Model::KimiLinear(m) => m.forward(session, tokens, rows, stats),
+            Model::KimiK3(m) => m.forward(batch, stats),
+            Model::KimiLinear(m) => m.forward(batch, stats),
         })
     }
 

@@ -28,7 +28,7 @@ pub struct ServeArgs {
     /// The model id clients send and /v1/models lists (default: the directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
-    /// Generations computed at once, interleaved one forward pass each, round-robin.
+    /// Generations computed at once: every forward pass is a batch of each one's next token or prompt chunk.
     #[arg(long, default_value_t = 4)]
     pub max_active: usize,
     /// Requests that may wait for a slot; beyond that the server answers 429 with Retry-After.

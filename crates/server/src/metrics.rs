@@ -100,13 +100,13 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
     metric(
         "deltafin_prefill_seconds_total",
         "counter",
-        "Time in prompt passes.",
+        "Time in passes, the prompt rows' share of each.",
         &one(prefill_s),
     );
     metric(
         "deltafin_decode_seconds_total",
         "counter",
-        "Time in generation passes.",
+        "Time in passes, the generated rows' share of each.",
         &one(decode_s),
     );
     let rate = |n: f64, s: f64| if s > 0.0 { n / s } else { 0.0 };
