@@ -427,7 +427,10 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
                 })
                 .collect();
             let logits = model.forward_batch(&mut passes, &stats)?;
-            next = logits.iter().map(|l| deltafin_engine::sampler::argmax(l)).collect();
+            next = logits
+                .iter()
+                .map(|l| deltafin_engine::sampler::argmax(l))
+                .collect();
         }
         let steps = a.tokens as f64;
         Ok((
