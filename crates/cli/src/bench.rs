@@ -9,7 +9,7 @@ use crate::store_args::{parse_size, StoreArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{Backend, LogitRows, Model, Pass, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Pass, Session, Stats};
 use deltafin_store::{probe, Snapshot};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -210,16 +210,7 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result
     for _ in 0..tokens {
         let before: Snapshot = model.store().snapshot();
         let t0 = Instant::now();
-        let mut passes: Vec<Pass<'_, _>> = sessions
-            .iter_mut()
-            .zip(&next)
-            .map(|(session, t)| Pass {
-                session,
-                tokens: std::slice::from_ref(t),
-                rows: LogitRows::Last,
-            })
-            .collect();
-        let logits = model.forward_batch(&mut passes, &stats)?;
+        let chosen = greedy_step(model, &mut sessions, &next, &stats)?;
         let secs = t0.elapsed().as_secs_f64();
         let d = model.store().snapshot().since(&before);
         // Replay exactly the records this step read on demand (its misses), a layer's worth at a time.
@@ -252,12 +243,32 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result
             requests: d.requests,
             hits: d.hits + d.prefetch_hits,
         });
-        next = logits
-            .iter()
-            .map(|l| deltafin_engine::sampler::argmax(l))
-            .collect();
+        next = chosen;
     }
     Ok(steps)
+}
+
+/// One batched decode step: every session takes its token `next[i]`; returns each one's greedy choice.
+fn greedy_step(
+    model: &Model,
+    sessions: &mut [Session],
+    next: &[u32],
+    stats: &Stats,
+) -> Result<Vec<u32>> {
+    let mut passes: Vec<Pass<'_, _>> = sessions
+        .iter_mut()
+        .zip(next)
+        .map(|(session, t)| Pass {
+            session,
+            tokens: std::slice::from_ref(t),
+            rows: LogitRows::Last,
+        })
+        .collect();
+    let logits = model.forward_batch(&mut passes, stats)?;
+    Ok(logits
+        .iter()
+        .map(|l| deltafin_engine::sampler::argmax(l))
+        .collect())
 }
 
 struct Summary {
@@ -417,20 +428,7 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         let bytes0 = stats.bytes();
         let t1 = Instant::now();
         for _ in 0..a.tokens {
-            let mut passes: Vec<Pass<'_, _>> = sessions
-                .iter_mut()
-                .zip(&next)
-                .map(|(session, t)| Pass {
-                    session,
-                    tokens: std::slice::from_ref(t),
-                    rows: LogitRows::Last,
-                })
-                .collect();
-            let logits = model.forward_batch(&mut passes, &stats)?;
-            next = logits
-                .iter()
-                .map(|l| deltafin_engine::sampler::argmax(l))
-                .collect();
+            next = greedy_step(&model, &mut sessions, &next, &stats)?;
         }
         let steps = a.tokens as f64;
         Ok((
