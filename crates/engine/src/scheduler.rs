@@ -131,6 +131,10 @@ pub struct Counters {
     /// Tokens the drafter guessed, and those the model's own choice matched.
     pub draft_proposed: AtomicU64,
     pub draft_accepted: AtomicU64,
+    /// Batched passes run (without a drafter), the jobs in them and their rows, summed over the passes.
+    pub batched_passes: AtomicU64,
+    pub batched_jobs: AtomicU64,
+    pub batched_rows: AtomicU64,
 }
 
 struct Queue {
@@ -474,6 +478,11 @@ impl<B: Backend> Worker<B> {
                 .sum()
         };
         let (prefill_rows, decode_rows) = (rows(true), rows(false));
+        c.batched_passes.fetch_add(1, Ordering::Relaxed);
+        c.batched_jobs
+            .fetch_add(planned.len() as u64, Ordering::Relaxed);
+        c.batched_rows
+            .fetch_add(prefill_rows + decode_rows, Ordering::Relaxed);
         let prefill_ns = ns * prefill_rows / (prefill_rows + decode_rows);
         c.prefill_ns.fetch_add(prefill_ns, Ordering::Relaxed);
         c.decode_ns.fetch_add(ns - prefill_ns, Ordering::Relaxed);

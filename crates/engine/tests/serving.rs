@@ -312,6 +312,14 @@ fn the_scheduler_batches_jobs_and_matches_plain_generation() {
     let c = sched.counters();
     assert_eq!(c.completed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completion_tokens.load(Ordering::Relaxed), 36);
+    let (passes, jobs) = (
+        c.batched_passes.load(Ordering::Relaxed),
+        c.batched_jobs.load(Ordering::Relaxed),
+    );
+    assert!(
+        jobs > 2 * passes,
+        "{jobs} job pieces in {passes} passes: not batched"
+    );
     let batched = sched.stats().bytes();
     assert!(batched > 0, "expert bytes are counted");
     let one_by_one = scheduler(1, 2);

@@ -132,6 +132,24 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
         ],
     );
     metric(
+        "deltafin_batched_passes_total",
+        "counter",
+        "Forward passes that advanced every active generation at once (without --draft).",
+        &one(get(&c.batched_passes)),
+    );
+    metric(
+        "deltafin_batched_generations_total",
+        "counter",
+        "Generations in those passes, summed (over the passes: the mean batch).",
+        &one(get(&c.batched_jobs)),
+    );
+    metric(
+        "deltafin_batched_rows_total",
+        "counter",
+        "Token rows in those passes, summed (prompt chunks and generated tokens).",
+        &one(get(&c.batched_rows)),
+    );
+    metric(
         "deltafin_queue_depth",
         "gauge",
         "Requests waiting for a generation slot.",

@@ -61,6 +61,7 @@ fn models_health_metrics_and_unknown_routes() {
     for name in [
         "deltafin_queue_depth 0",
         "deltafin_completion_tokens_total 0",
+        "deltafin_batched_passes_total 0",
         "deltafin_expert_bytes_read_total",
         "deltafin_http_requests_total{endpoint=\"/v1/models\",status=\"200\"} 2",
     ] {
