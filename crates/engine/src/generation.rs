@@ -1,7 +1,8 @@
 //! One request's generation as a step machine: each [`Generation::step`] runs exactly one forward pass (a
 //! chunk of the prompt, or one generated token) — or [`Generation::plan`] says what that pass is, so a
-//! scheduler can run many requests' passes as one batch — and cancellation is checked between passes. Prefill chunks and token-by-token decoding give bit-identical logits, so
-//! how the work is cut never changes the output.
+//! scheduler can run many requests' passes as one batch — and cancellation is checked between passes.
+//! Prefill chunks and token-by-token decoding give bit-identical logits, so how the work is cut never changes
+//! the output.
 
 use crate::{Draft, FinishReason, Flow, Request, Sampler};
 use anyhow::{bail, Result};

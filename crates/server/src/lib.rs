@@ -3,8 +3,9 @@
 //! `count_tokens`), `/health`, `/metrics`.
 //!
 //! Model work never runs on the async runtime: each request becomes a [`Job`] for the engine's [`Scheduler`]
-//! (one worker thread, every active request's next piece in one batched pass, bounded queue), and its tokens come back over a channel. A client that
-//! goes away drops the channel, which cancels its job before the next forward pass.
+//! (one worker thread, every active request's next piece in one batched pass, bounded queue), and its tokens
+//! come back over a channel. A client that goes away drops the channel, which cancels its job before the next
+//! forward pass.
 
 mod api;
 mod chat;
