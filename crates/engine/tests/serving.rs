@@ -542,3 +542,52 @@ fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     assert_eq!(c.failed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completed.load(Ordering::Relaxed), 0);
 }
+
+/// With a drafter, concurrent jobs' checks share batched passes (and the re-runs of refused guesses a second
+/// one): every job still gets exactly its plain generation's tokens, greedy and sampled, with a drafter that
+/// is always right and one that is mostly wrong.
+#[test]
+fn speculative_jobs_share_passes_and_match_plain_generation() {
+    let m: &Model = model();
+    let dir = tempfile::tempdir().unwrap();
+    make_model(Arch::KimiK3, Preset::Tiny, 1, dir.path()).unwrap();
+    let other = Arc::new(Model::load(dir.path()).unwrap());
+    let reqs: Vec<Request> = (0..3)
+        .map(|i| request(&PROMPT[i..], 14, 0.6 * i as f32))
+        .collect();
+    for drafter in [model().clone(), other] {
+        let sched = Scheduler::start(
+            model().clone(),
+            SchedulerConfig {
+                max_active: 3,
+                queue_capacity: 0,
+                prefill_chunk: 4,
+                prefix_cache_bytes: 0,
+                drafter: Some(Drafter {
+                    model: drafter,
+                    tokens: 3,
+                }),
+            },
+        )
+        .unwrap();
+        let h = Harness::new();
+        for (i, r) in reqs.iter().enumerate() {
+            sched.submit(h.job(i, r.clone(), None)).unwrap();
+        }
+        for _ in 0..3 {
+            let (id, result) = h.next();
+            let plain = generate(m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
+            assert_eq!(result.unwrap().1, plain.tokens, "job {id}");
+        }
+        let c = sched.counters();
+        let get = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        assert!(get(&c.draft_proposed) > 0, "the drafter guessed");
+        assert!(get(&c.draft_accepted) <= get(&c.draft_proposed));
+        assert!(
+            get(&c.batched_jobs) > get(&c.batched_passes),
+            "{} job pieces in {} passes: not batched",
+            get(&c.batched_jobs),
+            get(&c.batched_passes)
+        );
+    }
+}
