@@ -444,24 +444,7 @@ impl<B: Backend> Worker<B> {
                     None => Ok(a.gen.plan(chunk, on_token)),
                 }
             }));
-            let outcome = match plan {
-                Ok(Ok(Some(plan))) => {
-                    planned.push(InPass {
-                        a,
-                        was_prefilled,
-                        plan,
-                    });
-                    continue;
-                }
-                // No pass: the chosen token ended the generation, or planning failed.
-                Ok(step) => catch_unwind(AssertUnwindSafe(|| {
-                    let step = step.map(|_| a.gen.finish_reason());
-                    self.after(&mut a, was_prefilled, step)
-                })),
-                Err(panic) => Err(panic),
-            };
-            self.count_draft(&mut a);
-            self.settle(a, outcome, &mut still);
+            self.route(a, was_prefilled, plan, &mut planned, &mut still);
         }
         let reruns = self.pass(planned, &mut still);
         let again = self.pass(reruns, &mut still);
@@ -546,25 +529,38 @@ impl<B: Backend> Worker<B> {
                 }
                 Some(e) => Ok(Err(anyhow::anyhow!("{e}"))),
             };
-            let outcome = match applied {
-                Ok(Ok(Some(plan))) => {
-                    again.push(InPass {
-                        a,
-                        was_prefilled,
-                        plan,
-                    });
-                    continue;
-                }
-                Ok(step) => catch_unwind(AssertUnwindSafe(|| {
-                    let step = step.map(|_| a.gen.finish_reason());
-                    self.after(&mut a, was_prefilled, step)
-                })),
-                Err(panic) => Err(panic),
-            };
-            self.count_draft(&mut a);
-            self.settle(a, outcome, still);
+            self.route(a, was_prefilled, applied, &mut again, still);
         }
         again
+    }
+
+    /// Where a job goes once it has planned or applied: into `next` with the pass it needs, or — no pass
+    /// needed (finished by its chosen token), or a failure — settled.
+    fn route(
+        &mut self,
+        mut a: Active<B>,
+        was_prefilled: bool,
+        step: std::thread::Result<Result<Option<Planned<B::Session>>>>,
+        next: &mut Vec<InPass<B>>,
+        still: &mut Vec<Active<B>>,
+    ) {
+        let outcome = match step {
+            Ok(Ok(Some(plan))) => {
+                next.push(InPass {
+                    a,
+                    was_prefilled,
+                    plan,
+                });
+                return;
+            }
+            Ok(step) => catch_unwind(AssertUnwindSafe(|| {
+                let step = step.map(|_| a.gen.finish_reason());
+                self.after(&mut a, was_prefilled, step)
+            })),
+            Err(panic) => Err(panic),
+        };
+        self.count_draft(&mut a);
+        self.settle(a, outcome, still);
     }
 
     /// Adds what the job's drafter guessed and had taken since last counted to the counters.
