@@ -20,13 +20,31 @@ pub struct Resume<B: Backend> {
 /// The tokens a session consumed, the session, and the logits after them.
 pub type Snapshot<B> = (Vec<u32>, <B as Backend>::Session, Vec<f32>);
 
-/// A pass a generation needs ([`Generation::plan`]): its tokens and which rows need logits.
-pub struct Planned {
+/// A pass a generation needs ([`Generation::plan`], [`Generation::plan_speculative`]): its tokens and which
+/// rows need logits. `S`: the model's session type.
+pub struct Planned<S> {
     pub tokens: Vec<u32>,
     pub rows: LogitRows,
-    /// A piece of the prompt (otherwise a generated token).
-    pub prefill: bool,
+    kind: Kind<S>,
     t0: Instant,
+}
+
+enum Kind<S> {
+    /// A piece of the prompt.
+    Prefill,
+    /// A chosen token.
+    Token,
+    /// A chosen token and the drafter's guesses after it, checked in one pass; the session as it was before.
+    Check(S),
+    /// The tokens a check took, run again from before it (the check ran past them).
+    Rerun,
+}
+
+impl<S> Planned<S> {
+    /// A piece of the prompt (otherwise generated tokens).
+    pub fn prefill(&self) -> bool {
+        matches!(self.kind, Kind::Prefill)
+    }
 }
 
 pub struct Generation<B: Backend> {
@@ -137,7 +155,7 @@ impl<B: Backend> Generation<B> {
         &mut self,
         prefill_chunk: usize,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
-    ) -> Option<Planned> {
+    ) -> Option<Planned<B::Session>> {
         if self.finish.is_some() {
             return None;
         }
@@ -153,7 +171,7 @@ impl<B: Backend> Generation<B> {
             return Some(Planned {
                 tokens: self.prompt[start..end].to_vec(),
                 rows,
-                prefill: true,
+                kind: Kind::Prefill,
                 t0,
             });
         };
@@ -167,7 +185,7 @@ impl<B: Backend> Generation<B> {
         Some(Planned {
             tokens: vec![next],
             rows: LogitRows::Last,
-            prefill: false,
+            kind: Kind::Token,
             t0,
         })
     }
@@ -177,10 +195,11 @@ impl<B: Backend> Generation<B> {
         &mut self.session
     }
 
-    /// Takes the logits of the pass `planned` described (run on this generation's session).
-    pub fn apply(&mut self, planned: Planned, logits: Vec<f32>, vocab: usize) {
+    /// Takes the logits of the pass `planned` described (run on this generation's session; planned by
+    /// [`Self::plan`]).
+    pub fn apply(&mut self, planned: Planned<B::Session>, logits: Vec<f32>, vocab: usize) {
         self.history.extend_from_slice(&planned.tokens);
-        if !planned.prefill {
+        if !planned.prefill() {
             self.last = Some(logits);
             self.decode_secs += planned.t0.elapsed().as_secs_f64();
             return;
@@ -218,10 +237,11 @@ impl<B: Backend> Generation<B> {
     }
 
     /// Like [`Self::step`], but once the prompt is consumed each step chooses the next token, lets `draft`
-    /// guess up to `draft.k` more (fewer while guesses keep failing), and checks them all with one multi-row pass of `model`. Every token is
-    /// still chosen by this generation's sampler from `model`'s logits for exactly the same history, and
-    /// a pass's rows equal single-token passes bit for bit, so the tokens and logits handed out are exactly
-    /// those of [`Self::step`] — the drafter only decides how many come out of one pass.
+    /// guess up to `draft.k` more (fewer while guesses keep failing), and checks them all with one multi-row
+    /// pass of `model`. Every token is still chosen by this generation's sampler from `model`'s logits for
+    /// exactly the same history, and a pass's rows equal single-token passes bit for bit, so the tokens and
+    /// logits handed out are exactly those of [`Self::step`] — the drafter only decides how many come out of
+    /// one pass.
     pub fn step_speculative<D: Backend>(
         &mut self,
         model: &B,
@@ -230,27 +250,83 @@ impl<B: Backend> Generation<B> {
         prefill_chunk: usize,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
+        let vocab = model.config().vocab_size;
+        let mut next = self.plan_speculative(model, draft, prefill_chunk, &mut on_token)?;
+        while let Some(p) = next {
+            let logits = model.forward(&mut self.session, &p.tokens, p.rows, stats)?;
+            next = self.apply_speculative(p, logits, vocab, draft, &mut on_token)?;
+        }
+        Ok(self.finish)
+    }
+
+    /// [`Self::step_speculative`] up to its pass, as [`Self::plan`] is for [`Self::step`]: the chosen token
+    /// (shown to `on_token`) and `draft`'s guesses after it, to check in one pass — or, when this step does not
+    /// guess, what [`Self::plan`] plans.
+    pub fn plan_speculative<D: Backend>(
+        &mut self,
+        model: &B,
+        draft: &mut Draft<D>,
+        prefill_chunk: usize,
+        mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Result<Option<Planned<B::Session>>> {
         let room = self.max_new.saturating_sub(self.tokens.len() + 1);
         if self.finish.is_some() || self.last.is_none() || room == 0 || !draft.speculate() {
-            return self.step(model, stats, prefill_chunk, on_token);
+            return Ok(self.plan(prefill_chunk, on_token));
         }
         let t0 = Instant::now();
         let last = self.last.take().expect("prefilled");
         let first = self.sampler.pick(&last);
-        let mut fed = vec![first];
-        if let Some(f) = self.emit(first, &last, &mut on_token) {
-            self.last = Some(last);
-            self.finish = Some(f);
+        self.finish = self.emit(first, &last, &mut on_token);
+        self.last = Some(last);
+        if self.finish.is_some() {
             self.decode_secs += t0.elapsed().as_secs_f64();
-            return Ok(self.finish);
+            return Ok(None);
         }
         let guesses = draft.guess(&self.history, first, draft.len().min(room))?;
-        let before = model.fork(&self.session)?;
-        let mut pass = vec![first];
-        pass.extend_from_slice(&guesses);
-        let rows = model.forward(&mut self.session, &pass, LogitRows::All, stats)?;
-        let vocab = model.config().vocab_size;
-        let row = |i: usize| &rows[i * vocab..(i + 1) * vocab];
+        let mut tokens = vec![first];
+        tokens.extend_from_slice(&guesses);
+        Ok(Some(Planned {
+            tokens,
+            rows: LogitRows::All,
+            kind: Kind::Check(model.fork(&self.session)?),
+            t0,
+        }))
+    }
+
+    /// Takes the logits of a pass [`Self::plan_speculative`] planned. A check keeps each guess while this
+    /// generation's sampler picks it from the pass's rows (showing it to `on_token`). If the pass ran past the
+    /// tokens taken (a guess refused, or a token that ends generation, which is handed out but not fed),
+    /// returns the pass that runs the taken ones again from before the check; its logits come here too.
+    pub fn apply_speculative<D: Backend>(
+        &mut self,
+        planned: Planned<B::Session>,
+        logits: Vec<f32>,
+        vocab: usize,
+        draft: &mut Draft<D>,
+        mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Result<Option<Planned<B::Session>>> {
+        let (tokens, t0) = (planned.tokens, planned.t0);
+        let before = match planned.kind {
+            Kind::Prefill | Kind::Token => {
+                let plain = Planned {
+                    tokens,
+                    rows: planned.rows,
+                    kind: planned.kind,
+                    t0,
+                };
+                self.apply(plain, logits, vocab);
+                return Ok(None);
+            }
+            Kind::Rerun => {
+                self.last = Some(logits);
+                self.checked(&tokens, draft, t0)?;
+                return Ok(None);
+            }
+            Kind::Check(before) => before,
+        };
+        let guesses = &tokens[1..];
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+        let mut fed = vec![tokens[0]];
         for (i, &guess) in guesses.iter().enumerate() {
             draft.proposed += 1;
             let rewind = self.sampler.clone();
@@ -268,20 +344,33 @@ impl<B: Backend> Generation<B> {
         }
         draft.passes += 1;
         draft.adapt(fed.len() - 1, guesses.len());
-        if self.finish.is_none() && fed.len() == pass.len() {
+        if self.finish.is_none() && fed.len() == tokens.len() {
             // Every guess was taken: the pass left the session exactly where the history now ends.
             self.last = Some(row(fed.len() - 1).to_vec());
-        } else {
-            // The session ran past the taken tokens (a token that ends generation is, as in `step`, handed
-            // out but not fed): run the taken ones again from before the pass.
-            self.session = before;
-            self.last = Some(model.forward(&mut self.session, &fed, LogitRows::Last, stats)?);
-            draft.reruns += 1;
+            self.checked(&fed, draft, t0)?;
+            return Ok(None);
         }
-        self.history.extend_from_slice(&fed);
+        self.session = before;
+        draft.reruns += 1;
+        Ok(Some(Planned {
+            tokens: fed,
+            rows: LogitRows::Last,
+            kind: Kind::Rerun,
+            t0,
+        }))
+    }
+
+    /// A check's taken tokens `fed` join the history, which the drafter follows.
+    fn checked<D: Backend>(
+        &mut self,
+        fed: &[u32],
+        draft: &mut Draft<D>,
+        t0: Instant,
+    ) -> Result<()> {
+        self.history.extend_from_slice(fed);
         draft.follow(&self.history)?;
         self.decode_secs += t0.elapsed().as_secs_f64();
-        Ok(self.finish)
+        Ok(())
     }
 
     /// Whether the whole prompt has been consumed.

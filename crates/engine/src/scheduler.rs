@@ -5,8 +5,9 @@
 //! alone, so its tokens and logits do not depend on the others. A long prompt or a long answer cannot starve
 //! the others. Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its
 //! session. Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends
-//! one resumes there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged), in
-//! passes of its own.
+//! one resumes there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged): its
+//! piece is then a chosen token and the drafter's guesses, checked in the same batched pass, and the taken
+//! tokens of the checks that ran past them are run again in a second one.
 
 use crate::{
     logprobs, Draft, FinishReason, Flow, Generation, Planned, PrefixCache, Request, TokenLogprob,
@@ -131,7 +132,7 @@ pub struct Counters {
     /// Tokens the drafter guessed, and those the model's own choice matched.
     pub draft_proposed: AtomicU64,
     pub draft_accepted: AtomicU64,
-    /// Batched passes run (without a drafter), the jobs in them and their rows, summed over the passes.
+    /// Batched passes run, the jobs in them and their rows, summed over the passes.
     pub batched_passes: AtomicU64,
     pub batched_jobs: AtomicU64,
     pub batched_rows: AtomicU64,
@@ -261,6 +262,15 @@ struct Active<B: Backend> {
     job: Job,
     gen: Generation<B>,
     draft: Option<Draft<Model>>,
+    /// The drafter's guesses proposed and accepted that the counters hold.
+    counted: (u64, u64),
+}
+
+/// A job in a batched pass: what it was before, and the pass it planned.
+struct InPass<B: Backend> {
+    a: Active<B>,
+    was_prefilled: bool,
+    plan: Planned<B::Session>,
 }
 
 enum Outcome {
@@ -311,11 +321,7 @@ impl<B: Backend> Worker<B> {
                     active.push(a);
                 }
             }
-            active = if self.shared.cfg.drafter.is_some() {
-                self.each(active)
-            } else {
-                self.batched(active)
-            };
+            active = self.batched(active);
             self.set_active(active.len());
         }
     }
@@ -375,7 +381,12 @@ impl<B: Backend> Worker<B> {
             .and_then(|r| Generation::new(&*self.model, &job.request, r))
             .and_then(|gen| Ok((gen, draft?)));
         match started {
-            Ok((gen, draft)) => Some(Active { job, gen, draft }),
+            Ok((gen, draft)) => Some(Active {
+                job,
+                gen,
+                draft,
+                counted: (0, 0),
+            }),
             Err(e) => {
                 self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
                 job.sink.finished(Err(format!("{e:#}")));
@@ -406,23 +417,15 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// With a drafter: each job's own speculative pass, one after another.
-    fn each(&mut self, active: Vec<Active<B>>) -> Vec<Active<B>> {
-        let mut still = Vec::with_capacity(active.len());
-        for mut a in active {
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.speculative(&mut a)));
-            self.settle(a, outcome, &mut still);
-        }
-        still
-    }
-
-    /// Every job's next piece in one batched pass: each plans it (a chosen token goes to its sink now), the
-    /// pass runs, and each takes its logits. A failed or panicking pass fails the jobs in it.
+    /// Every job's next piece in batched passes: each plans it (a chosen token goes to its sink now), the
+    /// pass runs, and each takes its logits; the speculative checks that ran past their taken tokens run those
+    /// again in a second pass. A failed or panicking pass fails the jobs in it.
     fn batched(&mut self, active: Vec<Active<B>>) -> Vec<Active<B>> {
         let shared = self.shared.clone();
         let c = &shared.counters;
+        let model = self.model.clone();
         let mut still = Vec::with_capacity(active.len());
-        let mut planned: Vec<(Active<B>, bool, Planned)> = Vec::with_capacity(active.len());
+        let mut planned: Vec<InPass<B>> = Vec::with_capacity(active.len());
         for mut a in active {
             if a.job.sink.cancelled() {
                 c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -431,37 +434,40 @@ impl<B: Backend> Worker<B> {
             let was_prefilled = a.gen.prefilled();
             let plan = catch_unwind(AssertUnwindSafe(|| {
                 let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
-                a.gen
-                    .plan(shared.cfg.prefill_chunk, |token: u32, logits: &[f32]| {
-                        c.completion_tokens.fetch_add(1, Ordering::Relaxed);
-                        sink.token(token, top.map(|n| logprobs(logits, token, n)))
-                    })
-            }));
-            let outcome = match plan {
-                Ok(Some(p)) => {
-                    planned.push((a, was_prefilled, p));
-                    continue;
+                let on_token = |token: u32, logits: &[f32]| {
+                    c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+                    sink.token(token, top.map(|n| logprobs(logits, token, n)))
+                };
+                let chunk = shared.cfg.prefill_chunk;
+                match &mut a.draft {
+                    Some(d) => a.gen.plan_speculative(&*model, d, chunk, on_token),
+                    None => Ok(a.gen.plan(chunk, on_token)),
                 }
-                // The chosen token ended the generation: no pass.
-                Ok(None) => catch_unwind(AssertUnwindSafe(|| {
-                    let finish = a.gen.finish_reason();
-                    self.after(&mut a, was_prefilled, Ok(finish))
-                })),
-                Err(panic) => Err(panic),
-            };
-            self.settle(a, outcome, &mut still);
+            }));
+            self.route(a, was_prefilled, plan, &mut planned, &mut still);
         }
+        let reruns = self.pass(planned, &mut still);
+        let again = self.pass(reruns, &mut still);
+        debug_assert!(again.is_empty(), "a re-run needs no further pass");
+        still
+    }
+
+    /// One batched pass of `planned`; each job takes its logits, and is settled unless it needs another pass
+    /// (returned).
+    fn pass(&mut self, mut planned: Vec<InPass<B>>, still: &mut Vec<Active<B>>) -> Vec<InPass<B>> {
         if planned.is_empty() {
-            return still;
+            return planned;
         }
+        let shared = self.shared.clone();
+        let c = &shared.counters;
         let t0 = Instant::now();
         let result = {
             let mut passes: Vec<Pass<'_, B::Session>> = planned
                 .iter_mut()
-                .map(|(a, _, p)| Pass {
-                    session: a.gen.session_mut(),
-                    tokens: &p.tokens,
-                    rows: p.rows,
+                .map(|p| Pass {
+                    session: p.a.gen.session_mut(),
+                    tokens: &p.plan.tokens,
+                    rows: p.plan.rows,
                 })
                 .collect();
             let model = &*self.model;
@@ -473,8 +479,8 @@ impl<B: Backend> Worker<B> {
         let rows = |prefill: bool| -> u64 {
             planned
                 .iter()
-                .filter(|(_, _, p)| p.prefill == prefill)
-                .map(|(_, _, p)| p.tokens.len() as u64)
+                .filter(|p| p.plan.prefill() == prefill)
+                .map(|p| p.plan.tokens.len() as u64)
                 .sum()
         };
         let (prefill_rows, decode_rows) = (rows(true), rows(false));
@@ -495,62 +501,78 @@ impl<B: Backend> Worker<B> {
                 Some(format!("internal error: {}", panic_message(&panic))),
             ),
         };
-        for (mut a, was_prefilled, p) in planned {
-            let outcome = match &failure {
+        let mut again = Vec::new();
+        for InPass {
+            mut a,
+            was_prefilled,
+            plan,
+        } in planned
+        {
+            // The job's logits applied: a further pass it needs (a re-run), or how it stands.
+            let applied = match &failure {
                 None => {
                     let l = logits.next().expect("one result a pass");
                     catch_unwind(AssertUnwindSafe(|| {
-                        a.gen.apply(p, l, vocab);
-                        let finish = a.gen.finish_reason();
-                        self.after(&mut a, was_prefilled, Ok(finish))
+                        let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
+                        let on_token = |token: u32, logits: &[f32]| {
+                            c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+                            sink.token(token, top.map(|n| logprobs(logits, token, n)))
+                        };
+                        match &mut a.draft {
+                            Some(d) => a.gen.apply_speculative(plan, l, vocab, d, on_token),
+                            None => {
+                                a.gen.apply(plan, l, vocab);
+                                Ok(None)
+                            }
+                        }
                     }))
                 }
-                Some(e) => catch_unwind(AssertUnwindSafe(|| {
-                    self.after(&mut a, was_prefilled, Err(anyhow::anyhow!("{e}")))
-                })),
+                Some(e) => Ok(Err(anyhow::anyhow!("{e}"))),
             };
-            self.settle(a, outcome, &mut still);
+            self.route(a, was_prefilled, applied, &mut again, still);
         }
-        still
+        again
     }
 
-    /// One speculative pass of `a` (its generation checks the drafter's guesses).
-    fn speculative(&mut self, a: &mut Active<B>) -> Outcome {
-        let c = &self.shared.counters;
-        if a.job.sink.cancelled() {
-            c.cancelled.fetch_add(1, Ordering::Relaxed);
-            return Outcome::Dropped;
-        }
-        let was_prefilled = a.gen.prefilled();
-        let t0 = Instant::now();
-        let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
-        let on_token = |token: u32, logits: &[f32]| {
-            c.completion_tokens.fetch_add(1, Ordering::Relaxed);
-            sink.token(token, top.map(|n| logprobs(logits, token, n)))
+    /// Where a job goes once it has planned or applied: into `next` with the pass it needs, or — no pass
+    /// needed (finished by its chosen token), or a failure — settled.
+    fn route(
+        &mut self,
+        mut a: Active<B>,
+        was_prefilled: bool,
+        step: std::thread::Result<Result<Option<Planned<B::Session>>>>,
+        next: &mut Vec<InPass<B>>,
+        still: &mut Vec<Active<B>>,
+    ) {
+        let outcome = match step {
+            Ok(Ok(Some(plan))) => {
+                next.push(InPass {
+                    a,
+                    was_prefilled,
+                    plan,
+                });
+                return;
+            }
+            Ok(step) => catch_unwind(AssertUnwindSafe(|| {
+                let step = step.map(|_| a.gen.finish_reason());
+                self.after(&mut a, was_prefilled, step)
+            })),
+            Err(panic) => Err(panic),
         };
-        let (model, stats, chunk) = (
-            &*self.model,
-            &self.shared.stats,
-            self.shared.cfg.prefill_chunk,
-        );
-        let d = a
-            .draft
-            .as_mut()
-            .expect("jobs have drafts when the scheduler has a drafter");
-        let before = (d.proposed, d.accepted);
-        let step = a.gen.step_speculative(model, d, stats, chunk, on_token);
-        c.draft_proposed
-            .fetch_add(d.proposed - before.0, Ordering::Relaxed);
-        c.draft_accepted
-            .fetch_add(d.accepted - before.1, Ordering::Relaxed);
-        let ns = t0.elapsed().as_nanos() as u64;
-        if was_prefilled {
-            &c.decode_ns
-        } else {
-            &c.prefill_ns
+        self.count_draft(&mut a);
+        self.settle(a, outcome, still);
+    }
+
+    /// Adds what the job's drafter guessed and had taken since last counted to the counters.
+    fn count_draft(&self, a: &mut Active<B>) {
+        if let Some(d) = &a.draft {
+            let c = &self.shared.counters;
+            c.draft_proposed
+                .fetch_add(d.proposed - a.counted.0, Ordering::Relaxed);
+            c.draft_accepted
+                .fetch_add(d.accepted - a.counted.1, Ordering::Relaxed);
+            a.counted = (d.proposed, d.accepted);
         }
-        .fetch_add(ns, Ordering::Relaxed);
-        self.after(a, was_prefilled, step)
     }
 
     /// What follows a job's pass: a failure ends it; a prompt just consumed is reported (and its state goes

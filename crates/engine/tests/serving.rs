@@ -256,7 +256,7 @@ impl Harness {
     }
 }
 
-fn scheduler(max_active: usize, queue_capacity: usize) -> Scheduler {
+fn scheduler(max_active: usize, queue_capacity: usize, drafter: Option<Drafter>) -> Scheduler {
     Scheduler::start(
         model().clone(),
         SchedulerConfig {
@@ -264,10 +264,29 @@ fn scheduler(max_active: usize, queue_capacity: usize) -> Scheduler {
             queue_capacity,
             prefill_chunk: 4,
             prefix_cache_bytes: 0,
-            ..Default::default()
+            drafter,
         },
     )
     .unwrap()
+}
+
+/// Waits for `reqs`' jobs (submitted to `h` with ids 0..) and checks each got exactly its plain generation's
+/// tokens; returns each one's report in id order.
+fn expect_plain(h: &Harness, reqs: &[Request]) -> Vec<Finished> {
+    let mut done: Vec<Option<Finished>> = vec![None; reqs.len()];
+    for _ in reqs {
+        let (id, result) = h.next();
+        let (fin, tokens) = result.unwrap();
+        let plain = generate(&**model(), &reqs[id], &Stats::default(), |_, _| {
+            Flow::Continue
+        })
+        .unwrap();
+        assert_eq!(tokens, plain.tokens, "job {id}");
+        done[id] = Some(fin);
+    }
+    done.into_iter()
+        .map(|f| f.expect("each job reported once"))
+        .collect()
 }
 
 /// Three jobs advance together, one piece each in every batched pass: each gets exactly its plain
@@ -275,8 +294,7 @@ fn scheduler(max_active: usize, queue_capacity: usize) -> Scheduler {
 /// time (an expert chosen by several jobs is read once a pass).
 #[test]
 fn the_scheduler_batches_jobs_and_matches_plain_generation() {
-    let m: &Model = model();
-    let sched = scheduler(3, 0);
+    let sched = scheduler(3, 0, None);
     let h = Harness::new();
     let reqs: Vec<Request> = (0..3)
         .map(|i| request(&PROMPT[i..], 12, 0.7 * i as f32))
@@ -288,11 +306,7 @@ fn the_scheduler_batches_jobs_and_matches_plain_generation() {
         sched.submit(h.job(9, reqs[0].clone(), None)),
         Err(Rejected::QueueFull)
     );
-    for _ in 0..3 {
-        let (id, result) = h.next();
-        let (fin, tokens) = result.unwrap();
-        let plain = generate(m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
-        assert_eq!(tokens, plain.tokens, "job {id}");
+    for fin in expect_plain(&h, &reqs) {
         assert_eq!(
             (fin.reason, fin.completion_tokens),
             (FinishReason::Length, 12)
@@ -322,16 +336,12 @@ fn the_scheduler_batches_jobs_and_matches_plain_generation() {
     );
     let batched = sched.stats().bytes();
     assert!(batched > 0, "expert bytes are counted");
-    let one_by_one = scheduler(1, 2);
+    let one_by_one = scheduler(1, 2, None);
     let h = Harness::new();
     for (i, r) in reqs.iter().enumerate() {
         one_by_one.submit(h.job(i, r.clone(), None)).unwrap();
     }
-    for _ in 0..3 {
-        let (id, result) = h.next();
-        let plain = generate(m, &reqs[id], &Stats::default(), |_, _| Flow::Continue).unwrap();
-        assert_eq!(result.unwrap().1, plain.tokens, "job {id} alone");
-    }
+    expect_plain(&h, &reqs);
     let alone = one_by_one.stats().bytes();
     assert!(
         batched < alone,
@@ -541,4 +551,39 @@ fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     let c = sched.counters();
     assert_eq!(c.failed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completed.load(Ordering::Relaxed), 0);
+}
+
+/// With a drafter, concurrent jobs' checks share batched passes (and the re-runs of refused guesses a second
+/// one): every job still gets exactly its plain generation's tokens, greedy and sampled, with a drafter that
+/// is always right and one that is mostly wrong.
+#[test]
+fn speculative_jobs_share_passes_and_match_plain_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    make_model(Arch::KimiK3, Preset::Tiny, 1, dir.path()).unwrap();
+    let other = Arc::new(Model::load(dir.path()).unwrap());
+    let reqs: Vec<Request> = (0..3)
+        .map(|i| request(&PROMPT[i..], 14, 0.6 * i as f32))
+        .collect();
+    for drafter in [model().clone(), other] {
+        let drafter = Drafter {
+            model: drafter,
+            tokens: 3,
+        };
+        let sched = scheduler(3, 0, Some(drafter));
+        let h = Harness::new();
+        for (i, r) in reqs.iter().enumerate() {
+            sched.submit(h.job(i, r.clone(), None)).unwrap();
+        }
+        expect_plain(&h, &reqs);
+        let c = sched.counters();
+        let get = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        assert!(get(&c.draft_proposed) > 0, "the drafter guessed");
+        assert!(get(&c.draft_accepted) <= get(&c.draft_proposed));
+        assert!(
+            get(&c.batched_jobs) > get(&c.batched_passes),
+            "{} job pieces in {} passes: not batched",
+            get(&c.batched_jobs),
+            get(&c.batched_passes)
+        );
+    }
 }

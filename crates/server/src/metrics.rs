@@ -134,7 +134,7 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
     metric(
         "deltafin_batched_passes_total",
         "counter",
-        "Forward passes that advanced every active generation at once (without --draft).",
+        "Batched forward passes (each advances every active generation; with --draft, re-runs of refused guesses add one).",
         &one(get(&c.batched_passes)),
     );
     metric(
