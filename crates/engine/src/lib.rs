@@ -4,7 +4,7 @@
 //!
 //! Serving builds on it: [`Generation`] (one request as a step machine), [`Scheduler`] (a worker thread that
 //! advances every request in one batched pass, with a bounded queue and cancellation), [`PrefixCache`] (exact
-//! reuse of the state of an earlier prompt), [`logprobs`] and [`StopMatcher`] (stop strings across token
+//! reuse of the state of an earlier prompt), [`logprobs()`] and [`StopMatcher`] (stop strings across token
 //! boundaries).
 
 pub mod generation;
