@@ -779,3 +779,52 @@ fn malformed_chat_and_completion_requests_get_4xx_never_5xx() {
         }
     }
 }
+
+/// Requests that arrive together share batched passes, and each gets exactly the reply it gets alone: the
+/// same text, tokens' log-probabilities and usage, sampled or greedy.
+#[test]
+fn concurrent_requests_share_passes_and_get_the_replies_they_get_alone() {
+    let s = start(config());
+    let bodies: Vec<Value> = (0..3)
+        .map(|i| {
+            json!({"model": MODEL, "prompt": format!("Drives stream weights {i} while"),
+                   "max_tokens": 64, "temperature": 0.5 * i as f64, "seed": 7 + i, "logprobs": 2})
+        })
+        .collect();
+    let together: Vec<Value> = std::thread::scope(|scope| {
+        let calls: Vec<_> = bodies
+            .iter()
+            .map(|b| scope.spawn(|| post(s.addr, "/v1/completions", b)))
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| {
+                let r = c.join().unwrap();
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.json()
+            })
+            .collect()
+    });
+    let metrics = get(s.addr, "/metrics").body;
+    let count = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from\n{metrics}"))
+    };
+    let (passes, pieces) = (
+        count("deltafin_batched_passes_total"),
+        count("deltafin_batched_generations_total"),
+    );
+    assert!(
+        pieces > passes,
+        "{pieces} generation pieces in {passes} passes: no pass was shared"
+    );
+    for (b, t) in bodies.iter().zip(&together) {
+        let alone = post(s.addr, "/v1/completions", b).json();
+        assert_eq!(t["choices"], alone["choices"], "{b}");
+        assert_eq!(
+            t["usage"]["completion_tokens"],
+            alone["usage"]["completion_tokens"]
+        );
+    }
+}
