@@ -445,6 +445,11 @@ impl Items {
         let data = json!({"item_id": id, "output_index": index, k.index_key: 0, "part": part});
         let e = self.event(k.part_done, data);
         out.push(e);
+        self.item_done(index, item, out);
+    }
+
+    /// An output item is complete: its event, and it joins the response's output.
+    fn item_done(&mut self, index: usize, item: Value, out: &mut Vec<Event>) {
         let e = self.event(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
@@ -559,12 +564,7 @@ impl TypedEvents for Items {
             json!({"item_id": item["id"], "output_index": at, "arguments": call.arguments}),
         );
         out.push(e);
-        let e = self.event(
-            "response.output_item.done",
-            json!({"output_index": at, "item": item}),
-        );
-        out.push(e);
-        self.done.push(item);
+        self.item_done(at, item, out);
     }
 
     /// Responses have no stop sequences.
@@ -578,12 +578,7 @@ impl TypedEvents for Items {
                 json!({"output_index": 0, "item": item}),
             );
             out.push(e);
-            let e = self.event(
-                "response.output_item.done",
-                json!({"output_index": 0, "item": item}),
-            );
-            out.push(e);
-            self.done.push(item);
+            self.item_done(0, item, out);
         }
         let output = std::mem::take(&mut self.done);
         let r = response(
