@@ -70,3 +70,27 @@ pub struct Pass<'a, S> {
     pub tokens: &'a [u32],
     pub rows: LogitRows,
 }
+
+impl<S> Pass<'_, S> {
+    /// How many rows of logits this session gets: all of its rows, or its last.
+    pub fn logit_rows(&self) -> usize {
+        match self.rows {
+            LogitRows::All => self.tokens.len(),
+            LogitRows::Last => 1,
+        }
+    }
+}
+
+/// A batched pass's logits (`[rows, vocab]`, each session's logit rows in batch order) split into each
+/// session's. Cut from the back, so the first session keeps the buffer itself (a batch of one copies nothing).
+pub fn split_rows<S>(mut logits: Vec<f32>, vocab: usize, batch: &[Pass<'_, S>]) -> Vec<Vec<f32>> {
+    let mut out: Vec<Vec<f32>> = batch
+        .iter()
+        .skip(1)
+        .rev()
+        .map(|p| logits.split_off(logits.len() - p.logit_rows() * vocab))
+        .collect();
+    out.push(logits);
+    out.reverse();
+    out
+}

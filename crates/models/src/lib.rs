@@ -15,7 +15,7 @@ pub mod spine;
 pub mod weights;
 
 use anyhow::{bail, Result};
-pub use backend::{Backend, Pass};
+pub use backend::{split_rows, Backend, Pass};
 use blocks::LayerState;
 use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
@@ -48,11 +48,7 @@ fn logit_rows(h: &[f32], hd: usize, batch: &[Pass<'_, Session>]) -> Vec<f32> {
     let mut at = 0;
     for p in batch {
         let n = p.tokens.len();
-        let from = match p.rows {
-            LogitRows::All => at,
-            LogitRows::Last => at + n - 1,
-        };
-        out.extend_from_slice(&h[from * hd..(at + n) * hd]);
+        out.extend_from_slice(&h[(at + n - p.logit_rows()) * hd..(at + n) * hd]);
         at += n;
     }
     out
@@ -61,20 +57,10 @@ fn logit_rows(h: &[f32], hd: usize, batch: &[Pass<'_, Session>]) -> Vec<f32> {
 /// The head's logits (`[rows, vocab]` for `logit_rows`' rows) split back into each session's, whose position
 /// moves past its tokens.
 fn split_logits(logits: Vec<f32>, vocab: usize, batch: &mut [Pass<'_, Session>]) -> Vec<Vec<f32>> {
-    let mut rest = logits.as_slice();
-    batch
-        .iter_mut()
-        .map(|p| {
-            p.session.pos += p.tokens.len();
-            let rows = match p.rows {
-                LogitRows::All => p.tokens.len(),
-                LogitRows::Last => 1,
-            };
-            let (mine, tail) = rest.split_at(rows * vocab);
-            rest = tail;
-            mine.to_vec()
-        })
-        .collect()
+    for p in batch.iter_mut() {
+        p.session.pos += p.tokens.len();
+    }
+    backend::split_rows(logits, vocab, batch)
 }
 
 /// One sequence's state: KDA recurrent states and MLA latent caches, one per layer.
