@@ -12,7 +12,7 @@ use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, Backend, LoadOptions, LogitRows, Pass, Stats};
+use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, LogitRows, Pass, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -563,17 +563,10 @@ impl Backend for CudaModel {
             t.end_step(&mut self.gpu.dtoh::<u64>(t.notes, count.min(t.cap))?);
         }
         // Each session's logit rows, in batch order; its position moves past its tokens.
-        let vocab = self.cfg.vocab_size;
-        let mut rest = out.as_slice();
-        Ok(batch
-            .iter_mut()
-            .map(|p| {
-                p.session.pos += p.tokens.len();
-                let (mine, tail) = rest.split_at(logit_rows(p) * vocab);
-                rest = tail;
-                mine.to_vec()
-            })
-            .collect())
+        for p in batch.iter_mut() {
+            p.session.pos += p.tokens.len();
+        }
+        Ok(split_rows(out, self.cfg.vocab_size, batch))
     }
 
     /// Every state buffer copied whole on the device (the MLA caches with their spare capacity). The copies have
@@ -1315,7 +1308,7 @@ impl CudaModel {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut at = 0;
         for p in batch.iter() {
-            let (len, k) = (p.tokens.len(), logit_rows(p));
+            let (len, k) = (p.tokens.len(), p.logit_rows());
             match runs.last_mut() {
                 Some((start, count)) if *start + *count == at + len - k => *count += k,
                 _ => runs.push((at + len - k, k)),
@@ -2206,12 +2199,4 @@ fn open_store(
     };
     let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
     Ok((Arc::new(store), layout))
-}
-
-/// How many logit rows a pass's session gets: all of its rows, or its last.
-fn logit_rows(p: &Pass<'_, CudaSession>) -> usize {
-    match p.rows {
-        LogitRows::All => p.tokens.len(),
-        LogitRows::Last => 1,
-    }
 }
