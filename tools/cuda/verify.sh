@@ -81,6 +81,33 @@ ok = a["choices"][0]["text"] == b["choices"][0]["text"] and cached > 0
 print(f"  serve --device cuda: second request cached {cached} prompt tokens, same text: {ok}")
 sys.exit(0 if ok else 1)
 PY
+  # Three sampled completions at once (batched passes: one session's rows beside the others'), then one at a
+  # time: the same texts and log-probabilities, bit for bit; the metrics show that passes were shared.
+  "$BIN" serve --model "$m" --device cuda --port 18432 --prefix-cache-mb 0 >"$W/serve-b.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do curl -sf http://127.0.0.1:18432/health >/dev/null && break; sleep 0.2; done
+  breq() { echo "{\"model\": \"kimi_k3-tiny\", \"prompt\": [3,17,42,$1,7,256], \"max_tokens\": 12, \"temperature\": 0.9, \"seed\": $1, \"logprobs\": 2}"; }
+  pids=""
+  for i in 1 2 3; do
+    curl -s http://127.0.0.1:18432/v1/completions -H 'Content-Type: application/json' -d "$(breq $i)" >"$W/batch-$i.json" &
+    pids="$pids $!"
+  done
+  wait $pids
+  for i in 1 2 3; do curl -s http://127.0.0.1:18432/v1/completions -H 'Content-Type: application/json' -d "$(breq $i)" >"$W/alone-$i.json"; done
+  curl -s http://127.0.0.1:18432/metrics >"$W/batch-metrics.txt"
+  kill $spid; wait $spid
+  python3 - "$W" <<'PY' 2>&1 | tee -a "$REPORT" || fail=1
+import json, re, sys
+w = sys.argv[1]
+same = all(json.load(open(f"{w}/batch-{i}.json"))["choices"][0] == json.load(open(f"{w}/alone-{i}.json"))["choices"][0]
+           for i in (1, 2, 3))
+m = open(f"{w}/batch-metrics.txt").read()
+get = lambda name: float(re.search(rf"^{name} (\S+)", m, re.M).group(1))
+passes, gens = get("deltafin_batched_passes_total"), get("deltafin_batched_generations_total")
+print(f"  serve --device cuda, 3 requests at once: the same choices as one at a time: {same}; "
+      f"{gens:.0f} generation pieces in {passes:.0f} passes")
+sys.exit(0 if same and gens > passes else 1)
+PY
 fi
 
 if [ "$MODE" != correctness ]; then

@@ -177,12 +177,27 @@ impl Backend for Timed<'_> {
         rows: LogitRows,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
+        let pass = deltafin_models::Pass {
+            session,
+            tokens,
+            rows,
+        };
+        let mut logits = self.forward_batch(&mut [pass], stats)?;
+        Ok(logits.pop().expect("one pass, one result"))
+    }
+
+    fn forward_batch(
+        &self,
+        batch: &mut [deltafin_models::Pass<'_, CudaSession>],
+        stats: &Stats,
+    ) -> Result<Vec<Vec<f32>>> {
+        let tokens: usize = batch.iter().map(|p| p.tokens.len()).sum();
         let (t, c0, bytes0) = (Instant::now(), self.model.counters(), stats.bytes());
-        let logits = self.model.forward(session, tokens, rows, stats)?;
+        let logits = self.model.forward_batch(batch, stats)?;
         let secs = t.elapsed().as_secs_f64();
         let c = self.model.counters();
         self.passes.lock().unwrap().push(Pass {
-            tokens: tokens.len(),
+            tokens,
             secs,
             issue_secs: c.issue_secs - c0.issue_secs,
             gpu_secs: c.gpu_secs - c0.gpu_secs,

@@ -12,7 +12,7 @@ use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, Backend, LoadOptions, LogitRows, Stats};
+use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, LogitRows, Pass, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -495,20 +495,43 @@ impl Backend for CudaModel {
 
     fn forward(
         &self,
-        s: &mut CudaSession,
+        session: &mut CudaSession,
         tokens: &[u32],
         rows: LogitRows,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
-        deltafin_models::check_tokens(&self.cfg, tokens)?;
+        let pass = Pass {
+            session,
+            tokens,
+            rows,
+        };
+        let mut logits = self.forward_batch(&mut [pass], stats)?;
+        Ok(logits.pop().expect("one pass, one result"))
+    }
+
+    /// One pass over every session's rows: each runs attention on its own state, the rest of the layer on
+    /// all rows at once (a routed expert read once for every row that chose it).
+    fn forward_batch(
+        &self,
+        batch: &mut [Pass<'_, CudaSession>],
+        stats: &Stats,
+    ) -> Result<Vec<Vec<f32>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        for p in batch.iter() {
+            deltafin_models::check_tokens(&self.cfg, p.tokens)?;
+        }
         // A server runs passes on its own worker thread: the context must be current there.
         self.gpu
             .ctx
             .bind_to_thread()
             .map_err(|e| anyhow!("{e:?}"))?;
-        let (n, t0) = (tokens.len(), Instant::now());
+        let t0 = Instant::now();
+        let n: usize = batch.iter().map(|p| p.tokens.len()).sum();
+        let max_pos = batch.iter().map(|p| p.session.pos).max().unwrap_or(0);
         let mut arena = self.arena.lock().unwrap();
-        self.size_arena(&mut arena, n, s.pos)?;
+        self.size_arena(&mut arena, n, max_pos)?;
         let mut held = Vec::new();
         if let Some(t) = &self.gpu.timeline {
             t.begin();
@@ -516,7 +539,7 @@ impl Backend for CudaModel {
         }
         self.gpu.record(&self.span[0])?;
         let result = self
-            .pass(&arena, s, tokens, rows, stats, &mut held)
+            .pass(&arena, batch, stats, &mut held)
             .and_then(|(logits, len)| {
                 self.gpu.record(&self.span[1])?;
                 self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
@@ -539,8 +562,11 @@ impl Backend for CudaModel {
             let count = self.gpu.dtoh::<u32>(t.count, 1)?[0] as usize;
             t.end_step(&mut self.gpu.dtoh::<u64>(t.notes, count.min(t.cap))?);
         }
-        s.pos += n;
-        Ok(out)
+        // Each session's logit rows, in batch order; its position moves past its tokens.
+        for p in batch.iter_mut() {
+            p.session.pos += p.tokens.len();
+        }
+        Ok(split_rows(out, self.cfg.vocab_size, batch))
     }
 
     /// Every state buffer copied whole on the device (the MLA caches with their spare capacity). The copies have
@@ -1171,12 +1197,15 @@ impl CudaModel {
     fn pass<'s>(
         &'s self,
         a: &Arena,
-        s: &mut CudaSession,
-        tokens: &[u32],
-        rows: LogitRows,
+        batch: &mut [Pass<'_, CudaSession>],
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<(u64, usize)> {
+        let tokens: Vec<u32> = batch
+            .iter()
+            .flat_map(|p| p.tokens.iter().copied())
+            .collect();
+        let tokens = tokens.as_slice();
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let tok = self.stage(a, tokens)?;
         // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
@@ -1237,17 +1266,7 @@ impl CudaModel {
                         ..Mm::default()
                     };
                     let norm = (layer.input_norm.ptr(), eps);
-                    self.attention(
-                        a,
-                        &layer.attn,
-                        mixed,
-                        norm,
-                        n,
-                        &mut s.layers[l],
-                        s.pos,
-                        h,
-                        out,
-                    )?;
+                    self.attention_batch(a, &layer.attn, mixed, norm, batch, l, h, out)?;
                     let m = a.f32s(n * hd)?;
                     let res = layer.mlp_res.as_ref().expect("K3");
                     self.mix(anchors, na, h, res, m, n, Some(&layer.post_norm))?;
@@ -1260,7 +1279,7 @@ impl CudaModel {
                         ..Mm::default()
                     };
                     let norm = (layer.input_norm.ptr(), eps);
-                    self.attention(a, &layer.attn, h, norm, n, &mut s.layers[l], s.pos, h, out)?;
+                    self.attention_batch(a, &layer.attn, h, norm, batch, l, h, out)?;
                     let m = a.f32s(n * hd)?;
                     self.rms(h, layer.post_norm.ptr(), m, n, hd, eps)?;
                     self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
@@ -1283,9 +1302,31 @@ impl CudaModel {
             }
             None => h,
         };
-        let (f, m) = match rows {
-            LogitRows::All => (f, n),
-            LogitRows::Last => (f + (4 * (n - 1) * hd) as u64, 1),
+        // The rows that need logits (each session's last row, or all of its rows), copied together unless they
+        // lie together already (a decode batch: one row each).
+        let row = (4 * hd) as u64;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut at = 0;
+        for p in batch.iter() {
+            let (len, k) = (p.tokens.len(), p.logit_rows());
+            match runs.last_mut() {
+                Some((start, count)) if *start + *count == at + len - k => *count += k,
+                _ => runs.push((at + len - k, k)),
+            }
+            at += len;
+        }
+        let m: usize = runs.iter().map(|r| r.1).sum();
+        let f = match runs[..] {
+            [(start, _)] => f + start as u64 * row,
+            _ => {
+                let g = a.f32s(m * hd)?;
+                let mut to = g;
+                for &(start, count) in &runs {
+                    self.gpu.dtod(to, f + start as u64 * row, count * 4 * hd)?;
+                    to += count as u64 * row;
+                }
+                g
+            }
         };
         // The final norm is fused into the head.
         let norm = Mm {
@@ -1297,6 +1338,31 @@ impl CudaModel {
             Launch::new(&self.gpu, "timeline_mark", (1, 1), 32, 0).go()?;
         }
         Ok((logits, m * self.cfg.vocab_size))
+    }
+
+    /// Layer `l`'s attention for every session's rows (`x`, `y`: `[rows, hidden]`, the sessions' rows in batch
+    /// order), each on its own state.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_batch(
+        &self,
+        a: &Arena,
+        attn: &Attn,
+        x: u64,
+        norm: (u64, f32),
+        batch: &mut [Pass<'_, CudaSession>],
+        l: usize,
+        y: u64,
+        out: Mm,
+    ) -> Result<()> {
+        let row = (4 * self.cfg.hidden) as u64;
+        let mut r0 = 0u64;
+        for p in batch.iter_mut() {
+            let (n, pos) = (p.tokens.len(), p.session.pos);
+            let st = &mut p.session.layers[l];
+            self.attention(a, attn, x + r0 * row, norm, n, st, pos, y + r0 * row, out)?;
+            r0 += n as u64;
+        }
+        Ok(())
     }
 
     /// Copies the `j`-th streamed layer into its buffer on the copy stream, after the kernels of the layer
