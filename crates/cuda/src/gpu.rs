@@ -44,6 +44,7 @@ const DYNAMIC_SMEM: &[&str] = &[
     "expert_up_bf16",
     "expert_down_mx",
     "expert_down_bf16",
+    "kda_recurrence",
 ];
 
 /// Why CUDA cannot be used here, or `Ok` with the device count: checks the driver library, the NVRTC

@@ -355,6 +355,10 @@ pub struct CudaModel {
     direct: Option<Direct>,
     /// Timing events around each pass's work on the compute stream.
     span: [CudaEvent; 2],
+    /// The fork of K3's shared expert onto the side stream and its join, recorded again in every MoE layer (a
+    /// stream's wait takes the event as last recorded when it is issued): no event made and destroyed a layer.
+    fork: CudaEvent,
+    join: CudaEvent,
 }
 
 /// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
@@ -415,6 +419,9 @@ struct Arena {
     /// pass's final synchronisation.
     host: Option<Pinned>,
     host_off: Cell<usize>,
+    /// Whether the pass issued work on the copy or prep stream (streamed layers, experts routed via the host),
+    /// which its end must then wait for too.
+    copies: Cell<bool>,
 }
 
 impl Arena {
@@ -551,10 +558,14 @@ impl Backend for CudaModel {
                 Ok(out)
             });
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
-        let _ = self.gpu.stream.synchronize();
-        let _ = self.gpu.side.synchronize();
-        let _ = self.gpu.copy.synchronize();
-        let _ = self.gpu.prep.synchronize();
+        // Once they came back, the compute stream is done and with it the side stream's work (joined into it);
+        // the copy and prep streams had work only if the pass copied.
+        if result.is_err() || arena.copies.get() {
+            let _ = self.gpu.stream.synchronize();
+            let _ = self.gpu.side.synchronize();
+            let _ = self.gpu.copy.synchronize();
+            let _ = self.gpu.prep.synchronize();
+        }
         drop(held);
         let out = result?;
         // A decode step's notes (a longer pass's blocks may wait more than once).
@@ -928,8 +939,12 @@ impl CudaModel {
             counters: CudaCounters::default(),
         };
         let span = [gpu.event()?, gpu.event()?];
+        let untimed = || gpu.ctx.new_event(None).map_err(|e| anyhow!("{e:?}"));
+        let (fork, join) = (untimed()?, untimed()?);
         let mut model = CudaModel {
             span,
+            fork,
+            join,
             gpu,
             cfg,
             embed,
@@ -947,6 +962,7 @@ impl CudaModel {
                 off: Cell::new(0),
                 host: None,
                 host_off: Cell::new(0),
+                copies: Cell::new(false),
             }),
             spine_bytes,
             slab_registered,
@@ -1029,6 +1045,7 @@ impl CudaModel {
             arena.buf = Some(self.gpu.alloc(need.next_power_of_two())?);
         }
         arena.off.set(0);
+        arena.copies.set(false);
         // Uploads: the tokens, then per MoE layer up to one wave per expert (slots, row offsets, rows: three
         // 16-byte-rounded tables) and the combine's entries.
         let e = c.moe.num_experts;
@@ -1226,6 +1243,7 @@ impl CudaModel {
         let mark = a.off.get();
         // The first two streamed layers' copies start now, under the resident layers' compute.
         if let Some(st) = &self.streamed {
+            a.copies.set(true);
             for j in 0..st.images.len().min(2) {
                 self.copy_layer(st, j)?;
             }
@@ -1457,12 +1475,21 @@ impl CudaModel {
             OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
+        // The head's state and four vectors of the head in shared memory.
+        let smem = (dim + 4) * dim * 4;
+        if smem > self.gpu.dynamic_smem("kda_recurrence") {
+            bail!(
+                "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU offers {}: \
+                 run on the CPU (--device cpu)",
+                self.gpu.dynamic_smem("kda_recurrence")
+            );
+        }
         Launch::new(
             &self.gpu,
             "kda_recurrence",
             (heads as u32, 1),
             dim as u32,
-            (4 * dim * 4) as u32,
+            smem as u32,
         )
         .p(q)
         .p(kk)
@@ -1608,20 +1635,21 @@ impl CudaModel {
         // the CPU's shared + routed (an addition of two values does not depend on their order).
         let shared = match &m.latent {
             Some(_) => {
-                let fork = self.gpu.mark()?;
-                self.gpu.side.wait(&fork).map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.record(&self.fork)?;
+                self.gpu
+                    .side
+                    .wait(&self.fork)
+                    .map_err(|e| anyhow!("{e:?}"))?;
                 let s = a.f32s(n * self.cfg.hidden)?;
                 let side = Mm {
                     side: true,
                     ..Mm::default()
                 };
                 self.mlp(a, &m.shared, x, n, s, side)?;
-                let joined = self
-                    .gpu
-                    .side
-                    .record_event(None)
+                self.join
+                    .record(&self.gpu.side)
                     .map_err(|e| anyhow!("{e:?}"))?;
-                Some((s, joined))
+                Some(s)
             }
             None => None,
         };
@@ -1695,8 +1723,8 @@ impl CudaModel {
         .i(lay.width)
         .go()?;
         match (&m.latent, shared) {
-            (Some((_, norm, up)), Some((s, joined))) => {
-                self.gpu.wait(&joined)?;
+            (Some((_, norm, up)), Some(s)) => {
+                self.gpu.wait(&self.join)?;
                 let out = Mm {
                     norm: Some((norm.ptr(), self.cfg.rms_norm_eps)),
                     add: s,
@@ -1735,6 +1763,7 @@ impl CudaModel {
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<(u64, u64, usize)> {
         let top_k = self.cfg.moe.top_k;
+        a.copies.set(true);
         let ids: Vec<i32> = self.gpu.dtoh(ids, n * top_k)?;
         // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
         // move again.
