@@ -32,6 +32,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "expert_down_bf16",
     "moe_combine",
     "moe_route",
+    "moe_group",
     "mx_repack",
     "timeline_mark",
 ];

@@ -1071,6 +1071,50 @@ extern "C" __global__ void moe_combine(const float* y, const int* entry, const f
     }
 }
 
+// The groups of a pass of several resident rows, numbered as routed_via_host numbers them when every expert is
+// resident: each chosen expert once, in ascending id (slots[u] its record, from the layer's table), its rows
+// ascending (rows[row_off[u] .. row_off[u+1])), and entry[t·topk + k] the row of the experts' output that holds
+// row t's k-th expert. The groups past the last, up to `groups` (as many as there can be), are empty (their
+// row_off is the total), so that the expert kernels launched for that many skip them; the count of the others
+// goes to *count. One block; dynamic shared memory: e words.
+extern "C" __global__ void moe_group(const int* ids, int n, int topk, int e, int groups, const u64* table,
+                                     u64* slots, int* row_off, int* rows, int* entry, int* count) {
+    pdl_launch_next();
+    pdl_wait();
+    extern __shared__ int next[];  // each expert's row count, then the next free entry of its group
+    int pairs = n * topk;
+    for (int x = threadIdx.x; x < e; x += blockDim.x) next[x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&next[ids[i]], 1);  // a count: any order
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int u = 0, off = 0;
+        for (int x = 0; x < e; x++) {
+            int c = next[x];
+            if (c == 0) continue;
+            slots[u] = table[x];
+            row_off[u++] = off;
+            next[x] = off;
+            off += c;
+        }
+        *count = u;
+        for (int v = u; v <= groups; v++) {
+            if (v < groups) slots[v] = 0;
+            row_off[v] = off;
+        }
+    }
+    __syncthreads();
+    // Rows in order, a row's experts in parallel (a row chooses an expert at most once).
+    for (int t = 0; t < n; t++) {
+        for (int k = threadIdx.x; k < topk; k += blockDim.x) {
+            int p = next[ids[t * topk + k]]++;
+            rows[p] = t;
+            entry[t * topk + k] = p;
+        }
+        __syncthreads();
+    }
+}
+
 // Rust's f32::total_cmp as a signed integer key: negative values' magnitude bits flipped.
 __device__ __forceinline__ int total_key(float f) {
     int b = __float_as_int(f);
