@@ -4,12 +4,17 @@
 //! Per decode step: t_io = bytes read / disk bandwidth (the I/O bound), t_compute = step time minus the time
 //! the model waited for reads (what the step costs with the bytes at hand), efficiency = max(t_io, t_compute)
 //! / t_step. Medians over the steps of several runs.
+//!
+//! `--compute` measures the compute path instead: every expert cached, against the memory bandwidth (the CPU's
+//! parallel read, or with `--device cuda` the GPU's device-to-device copy), measured in the same run.
 
+use crate::device::DeviceArgs;
 use crate::store_args::{parse_size, StoreArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use deltafin_cuda::Device;
 use deltafin_makemodel::{make_model, Arch, Preset};
-use deltafin_models::{Backend, LogitRows, Model, Pass, Session, Stats};
+use deltafin_models::{Backend, LogitRows, Model, Pass, Stats};
 use deltafin_store::{probe, Snapshot};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -36,9 +41,12 @@ pub struct BenchArgs {
     #[arg(long)]
     json: bool,
     /// Instead of the I/O benchmark: prefill and decode speed on the built-in `small` model with every expert
-    /// cached, against the memory-bandwidth bound measured in the same run.
+    /// cached, against the memory-bandwidth bound measured in the same run. With --device cuda: the bench
+    /// model with every expert resident in VRAM, against the GPU's device-to-device copy bandwidth.
     #[arg(long)]
     compute: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 struct Step {
@@ -61,19 +69,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => crate::default_cache_dir()?,
     };
-    if a.compute {
-        return compute_bench(&cache, &a);
+    match (a.compute, a.device.device) {
+        (true, Device::Cpu) => return compute_bench(&cache, &a),
+        (true, Device::Cuda(ordinal)) => return gpu_bench(&cache, &a, ordinal),
+        (false, Device::Cuda(_)) => {
+            bail!("--device cuda measures the compute path: add --compute (the I/O benchmark reads the drive)")
+        }
+        (false, Device::Cpu) => {}
     }
-    let dir = cache.join("kimi_k3-bench-seed0");
-    if !dir.join("config.json").exists() {
-        eprintln!(
-            "creating the bench model (about 10 GB) in {} ...",
-            dir.display()
-        );
-        crate::create_atomically(&dir, |tmp| {
-            make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ())
-        })?;
-    }
+    let dir = bench_model(&cache)?;
     // The drive, measured through the engine's read path on the model's own largest shard — before every
     // configuration, since a shared virtual disk's speed drifts; the median is the bound.
     let shard = largest_shard(&dir)?;
@@ -187,6 +191,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The bench model (about 10 GB) in `cache`, created on first use.
+fn bench_model(cache: &Path) -> Result<PathBuf> {
+    let dir = cache.join("kimi_k3-bench-seed0");
+    if !dir.join("config.json").exists() {
+        eprintln!(
+            "creating the bench model (about 10 GB) in {} ...",
+            dir.display()
+        );
+        crate::create_atomically(&dir, |tmp| {
+            make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ())
+        })?;
+    }
+    Ok(dir)
+}
+
 /// `tokens` greedy decode steps of `batch` sessions together (one batched pass a step), each after a 2-token
 /// prompt whose ids depend on `seed` and its place in the batch (rotating prompts).
 fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result<Vec<Step>> {
@@ -249,9 +268,9 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result
 }
 
 /// One batched decode step: every session takes its token `next[i]`; returns each one's greedy choice.
-fn greedy_step(
-    model: &Model,
-    sessions: &mut [Session],
+fn greedy_step<B: Backend>(
+    model: &B,
+    sessions: &mut [B::Session],
     next: &[u32],
     stats: &Stats,
 ) -> Result<Vec<u32>> {
@@ -507,4 +526,98 @@ fn memory_bandwidth() -> f64 {
         .collect();
     runs.sort_by(f64::total_cmp);
     runs[2]
+}
+
+/// Prefill and decode on the GPU: the bench model (K3's expert shapes) with every expert resident in VRAM,
+/// `batch` sessions a step, against the device-to-device copy bandwidth measured in the same run. A step
+/// touches the spine once and each expert its rows chose once.
+fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
+    // Before creating 10 GB for nothing.
+    deltafin_cuda::availability().context("--device cuda")?;
+    let dir = bench_model(cache)?;
+    // The RAM expert cache holds every expert (about 10 GB), and from it the VRAM cache.
+    let store = StoreArgs {
+        expert_cache: Some("12G".into()),
+        ..StoreArgs::default()
+    };
+    let model = a
+        .device
+        .load_cuda(ordinal, &dir, &store.load_options(&dir)?, false)?;
+    let d2d = deltafin_cuda::probe::d2d(model.gpu(), 1 << 30, 5)? * 1e9;
+    let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
+    // Each session's prompt is `prompt` rotated by its place; the first one's prefill is timed. Returns
+    // (prefill secs, each decode step's secs, expert bytes a step).
+    let run = || -> Result<(f64, Vec<f64>, f64)> {
+        let stats = Stats::default();
+        let mut sessions = Vec::with_capacity(a.batch);
+        let mut next = Vec::with_capacity(a.batch);
+        let mut prefill = 0.0;
+        for i in 0..a.batch {
+            let mut s = model.new_session()?;
+            let mut p = prompt.clone();
+            p.rotate_left(i % prompt.len());
+            let t0 = Instant::now();
+            let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
+            if i == 0 {
+                prefill = t0.elapsed().as_secs_f64();
+            }
+            sessions.push(s);
+            next.push(deltafin_engine::sampler::argmax(&logits));
+        }
+        let bytes0 = stats.bytes();
+        let mut steps = Vec::with_capacity(a.tokens);
+        for _ in 0..a.tokens {
+            let t = Instant::now();
+            next = greedy_step(&model, &mut sessions, &next, &stats)?;
+            steps.push(t.elapsed().as_secs_f64());
+        }
+        let experts = (stats.bytes() - bytes0) as f64 / a.tokens as f64;
+        Ok((prefill, steps, experts))
+    };
+    run()?; // the kernels' first launches
+    let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..a.runs {
+        let (p, s, e) = run()?;
+        prefills.push(p);
+        steps.extend(s);
+        expert_bytes.push(e);
+    }
+    let spine = model.spine_bytes_per_token() as f64;
+    let experts = median(expert_bytes);
+    let step = median(steps);
+    let prefill = median(prefills);
+    let bound = (spine + experts) / d2d;
+    let batch = a.batch as f64;
+    println!("machine: {}; GPU: {}", machine(), model.kernels());
+    println!(
+        "device->device copy bandwidth: {:.1} GB/s (read + write, median of 5 copies of 1 GiB)",
+        d2d / 1e9
+    );
+    println!(
+        "prefill: {:.1} tok/s ({} tokens in {:.4}s)",
+        prompt.len() as f64 / prefill,
+        prompt.len(),
+        prefill
+    );
+    println!(
+        "decode, {} session(s) a step: {:.1} tok/s, step {:.3} ms ({:.3} ms a token); bytes a step {:.1} MB \
+         (spine {:.1} MB + experts {:.1} MB: {:.1} MB a token); bound {:.3} ms a step; {:.2} x the bound",
+        a.batch,
+        batch / step,
+        step * 1e3,
+        step * 1e3 / batch,
+        (spine + experts) / 1e6,
+        spine / 1e6,
+        experts / 1e6,
+        (spine + experts) / batch / 1e6,
+        bound * 1e3,
+        step / bound
+    );
+    println!(
+        "(medians over {} runs of a {}-token prefill and {} decode steps)",
+        a.runs,
+        prompt.len(),
+        a.tokens
+    );
+    Ok(())
 }

@@ -257,6 +257,28 @@ fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
             "{command:?}: {stderr}"
         );
     }
+    // The GPU benchmark says so before it creates its 10 GB model.
+    let cache = tempfile::tempdir().unwrap();
+    let out = bin()
+        .args(["bench", "--compute", "--device", "cuda", "--cache-dir"])
+        .arg(cache.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: --device cuda: CUDA is unavailable: "),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn the_drive_benchmark_runs_on_the_cpu_only() {
+    let out = bin().args(["bench", "--device", "cuda"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("add --compute"), "{stderr}");
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "expert_down_bf16",
     "moe_combine",
     "moe_route",
+    "moe_group",
     "mx_repack",
     "timeline_mark",
 ];
@@ -44,6 +45,7 @@ const DYNAMIC_SMEM: &[&str] = &[
     "expert_up_bf16",
     "expert_down_mx",
     "expert_down_bf16",
+    "kda_recurrence",
 ];
 
 /// Why CUDA cannot be used here, or `Ok` with the device count: checks the driver library, the NVRTC

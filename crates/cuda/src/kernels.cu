@@ -24,10 +24,11 @@ __device__ __forceinline__ float e8m0f(u32 s) {
 }
 
 // Programmatic dependent launch (Launch requests it on sm_90 and later; elsewhere both are no-ops). Every kernel
-// launched so first lets the next kernel start (its blocks then sit in pdl_wait), may read constant weights, and
-// calls pdl_wait on every path before it touches anything another kernel writes or reads. The wait returns once
-// the previous kernel has finished and its writes are visible; since no kernel finishes before its own wait,
-// the chain keeps stream order, while each launch and weight prefetch overlaps the kernel before it.
+// launched so first lets the next kernel start (its blocks then sit in pdl_wait), may read constant weights (and
+// state that only it touches in a pass, such as a KDA layer's), and calls pdl_wait on every path before it touches
+// anything another kernel writes or reads. The wait returns once the previous kernel has finished and its writes are
+// visible; since no kernel finishes before its own wait, the chain keeps stream order, while each launch and weight
+// prefetch overlaps the kernel before it.
 __device__ __forceinline__ void pdl_launch_next() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
@@ -444,23 +445,29 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
 // q, k, v: [n][w] projections (overwritten by their conv+SiLU values); conv: 3 windows [w][kern-1];
 // S: [heads][dim][dim]; g, beta: [n][w], [n][heads] raw decay and write strength; gate: [n][w] pre-sigmoid
 // output gate; out: [n][w]. kind 0 (K3) or 1 (Kimi Linear) picks the decay and the q/k normalisation.
+// The head's state is read into shared memory before the wait (no kernel of the pass writes it but this one)
+// and written back once at the end, so its read-modify-writes per row cost no round trips to global memory.
+// Dynamic shared memory: (dim + 4) · dim floats.
 extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const float* g, const float* beta,
                                           const float* gate, const float* dt_bias, const float* a_log,
                                           float lower, const float* conv_w, float* conv_state, float* S,
                                           const float* o_norm, float* out, int n, int heads, int dim, int kern,
                                           int kind, float eps) {
     pdl_launch_next();
-    pdl_wait();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
     float* ks = sh + dim;      // dim
     float* ds = sh + 2 * dim;  // dim: exp(g), the decay of row i of S
     float* os = sh + 3 * dim;  // dim
+    float* Ss = sh + 4 * dim;  // dim · dim: the head's state, row-major like S
     __shared__ float red[2];
     int h = blockIdx.x, j = threadIdx.x;
     int w = heads * dim;
     int c = h * dim + j;
     float* Sh = S + (size_t)h * dim * dim;
+#pragma unroll 8
+    for (int i = 0; i < dim; i++) Ss[i * dim + j] = Sh[(size_t)i * dim + j];
+    pdl_wait();
     float scale = 1.0f / sqrtf((float)dim);
     for (int t = 0; t < n; t++) {
         float* proj[3] = {q + (size_t)t * w, k + (size_t)t * w, v + (size_t)t * w};
@@ -496,35 +503,24 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         qs[j] *= red[0];
         ks[j] *= red[1];
         __syncthreads();
-        // 6. S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ; o = Sᵀq (column j of S per thread).
-        // The column is read 32 rows at a time before any of them is written back (this thread alone touches
-        // it), so the loads overlap instead of waiting one round trip each.
+        // 6. S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ; o = Sᵀq (column j of S per thread, which
+        // this thread alone touches).
         float d = proj[2][c];
-        float* col = Sh + j;
-        for (int i0 = 0; i0 < dim; i0 += 32) {
-            float sv[32];
-#pragma unroll
-            for (int u = 0; u < 32; u++) sv[u] = col[(size_t)(i0 + u) * dim];
-#pragma unroll
-            for (int u = 0; u < 32; u++) {
-                float s = sv[u] * ds[i0 + u];
-                col[(size_t)(i0 + u) * dim] = s;
-                d -= s * ks[i0 + u];
-            }
+        float* col = Ss + j;
+#pragma unroll 8
+        for (int i = 0; i < dim; i++) {
+            float s = col[i * dim] * ds[i];
+            col[i * dim] = s;
+            d -= s * ks[i];
         }
         float bt = sigmoidf_(beta[(size_t)t * heads + h]);  // 4. β
         float o = 0.0f;
-        for (int i0 = 0; i0 < dim; i0 += 32) {
-            float sv[32];
-#pragma unroll
-            for (int u = 0; u < 32; u++) sv[u] = col[(size_t)(i0 + u) * dim];
-#pragma unroll
-            for (int u = 0; u < 32; u++) {
-                float bk = bt * ks[i0 + u];
-                float s = sv[u] + bk * d;
-                col[(size_t)(i0 + u) * dim] = s;
-                o += s * qs[i0 + u];
-            }
+#pragma unroll 8
+        for (int i = 0; i < dim; i++) {
+            float bk = bt * ks[i];
+            float s = col[i * dim] + bk * d;
+            col[i * dim] = s;
+            o += s * qs[i];
         }
         os[j] = o;
         __syncthreads();
@@ -538,6 +534,8 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         out[(size_t)t * w + c] = r * sigmoidf_(gate[(size_t)t * w + c]);
         __syncthreads();
     }
+#pragma unroll 8
+    for (int i = 0; i < dim; i++) Sh[(size_t)i * dim + j] = Ss[i * dim + j];
 }
 
 // MLA: normalise each row's latent into the cache at position start + t and copy its k_pe.
@@ -1070,6 +1068,50 @@ extern "C" __global__ void moe_combine(const float* y, const int* entry, const f
 #pragma unroll 8
         for (int k = 0; k < topk; k++) s += wts[t * topk + k] * y[(size_t)entry[t * topk + k] * width + d];
         acc[(size_t)t * width + d] = s;
+    }
+}
+
+// The groups of a pass of several resident rows, numbered as routed_via_host numbers them when every expert is
+// resident: each chosen expert once, in ascending id (slots[u] its record, from the layer's table), its rows
+// ascending (rows[row_off[u] .. row_off[u+1])), and entry[t·topk + k] the row of the experts' output that holds
+// row t's k-th expert. The groups past the last, up to `groups` (as many as there can be), are empty (their
+// row_off is the total), so that the expert kernels launched for that many skip them; the count of the others
+// goes to *count. One block; dynamic shared memory: e words.
+extern "C" __global__ void moe_group(const int* ids, int n, int topk, int e, int groups, const u64* table,
+                                     u64* slots, int* row_off, int* rows, int* entry, int* count) {
+    pdl_launch_next();
+    pdl_wait();
+    extern __shared__ int next[];  // each expert's row count, then the next free entry of its group
+    int pairs = n * topk;
+    for (int x = threadIdx.x; x < e; x += blockDim.x) next[x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&next[ids[i]], 1);  // a count: any order
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int u = 0, off = 0;
+        for (int x = 0; x < e; x++) {
+            int c = next[x];
+            if (c == 0) continue;
+            slots[u] = table[x];
+            row_off[u++] = off;
+            next[x] = off;
+            off += c;
+        }
+        *count = u;
+        for (int v = u; v <= groups; v++) {
+            if (v < groups) slots[v] = 0;
+            row_off[v] = off;
+        }
+    }
+    __syncthreads();
+    // Rows in order, a row's experts in parallel (a row chooses an expert at most once).
+    for (int t = 0; t < n; t++) {
+        for (int k = threadIdx.x; k < topk; k += blockDim.x) {
+            int p = next[ids[t * topk + k]]++;
+            rows[p] = t;
+            entry[t * topk + k] = p;
+        }
+        __syncthreads();
     }
 }
 

@@ -355,6 +355,10 @@ pub struct CudaModel {
     direct: Option<Direct>,
     /// Timing events around each pass's work on the compute stream.
     span: [CudaEvent; 2],
+    /// The fork of K3's shared expert onto the side stream and its join, recorded again in every MoE layer (a
+    /// stream's wait takes the event as last recorded when it is issued): no event made and destroyed a layer.
+    fork: CudaEvent,
+    join: CudaEvent,
 }
 
 /// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
@@ -415,6 +419,11 @@ struct Arena {
     /// pass's final synchronisation.
     host: Option<Pinned>,
     host_off: Cell<usize>,
+    /// Whether the pass issued work on the copy or prep stream (streamed layers, experts routed via the host),
+    /// which its end must then wait for too.
+    copies: Cell<bool>,
+    /// A pass of several resident rows: where each layer's count of chosen experts lands (0 otherwise).
+    groups: Cell<u64>,
 }
 
 impl Arena {
@@ -551,12 +560,24 @@ impl Backend for CudaModel {
                 Ok(out)
             });
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
-        let _ = self.gpu.stream.synchronize();
-        let _ = self.gpu.side.synchronize();
-        let _ = self.gpu.copy.synchronize();
-        let _ = self.gpu.prep.synchronize();
+        // Once they came back, the compute stream is done and with it the side stream's work (joined into it);
+        // the copy and prep streams had work only if the pass copied.
+        if result.is_err() || arena.copies.get() {
+            let _ = self.gpu.stream.synchronize();
+            let _ = self.gpu.side.synchronize();
+            let _ = self.gpu.copy.synchronize();
+            let _ = self.gpu.prep.synchronize();
+        }
         drop(held);
         let out = result?;
+        // A pass of several resident rows counted its layers' experts on the device.
+        if arena.groups.get() != 0 {
+            let counts = self
+                .gpu
+                .dtoh::<i32>(arena.groups.get(), self.cfg.num_layers)?;
+            let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
+            self.count_uses(stats, moe.map(|l| counts[l] as usize).sum(), true);
+        }
         // A decode step's notes (a longer pass's blocks may wait more than once).
         if let Some(t) = self.gpu.timeline.as_ref().filter(|_| n == 1) {
             let count = self.gpu.dtoh::<u32>(t.count, 1)?[0] as usize;
@@ -928,8 +949,12 @@ impl CudaModel {
             counters: CudaCounters::default(),
         };
         let span = [gpu.event()?, gpu.event()?];
+        let untimed = || gpu.ctx.new_event(None).map_err(|e| anyhow!("{e:?}"));
+        let (fork, join) = (untimed()?, untimed()?);
         let mut model = CudaModel {
             span,
+            fork,
+            join,
             gpu,
             cfg,
             embed,
@@ -947,6 +972,8 @@ impl CudaModel {
                 off: Cell::new(0),
                 host: None,
                 host_off: Cell::new(0),
+                copies: Cell::new(false),
+                groups: Cell::new(0),
             }),
             spine_bytes,
             slab_registered,
@@ -1029,6 +1056,8 @@ impl CudaModel {
             arena.buf = Some(self.gpu.alloc(need.next_power_of_two())?);
         }
         arena.off.set(0);
+        arena.copies.set(false);
+        arena.groups.set(0);
         // Uploads: the tokens, then per MoE layer up to one wave per expert (slots, row offsets, rows: three
         // 16-byte-rounded tables) and the combine's entries.
         let e = c.moe.num_experts;
@@ -1223,9 +1252,13 @@ impl CudaModel {
             .i(hd)
             .go()?;
         let mut na = 0usize;
+        if self.direct.is_some() && n > 1 {
+            a.groups.set(a.take(4 * self.cfg.num_layers)?);
+        }
         let mark = a.off.get();
         // The first two streamed layers' copies start now, under the resident layers' compute.
         if let Some(st) = &self.streamed {
+            a.copies.set(true);
             for j in 0..st.images.len().min(2) {
                 self.copy_layer(st, j)?;
             }
@@ -1457,12 +1490,21 @@ impl CudaModel {
             OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
+        // The head's state and four vectors of the head in shared memory.
+        let smem = (dim + 4) * dim * 4;
+        if smem > self.gpu.dynamic_smem("kda_recurrence") {
+            bail!(
+                "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU offers {}: \
+                 run on the CPU (--device cpu)",
+                self.gpu.dynamic_smem("kda_recurrence")
+            );
+        }
         Launch::new(
             &self.gpu,
             "kda_recurrence",
             (heads as u32, 1),
             dim as u32,
-            (4 * dim * 4) as u32,
+            smem as u32,
         )
         .p(q)
         .p(kk)
@@ -1608,20 +1650,21 @@ impl CudaModel {
         // the CPU's shared + routed (an addition of two values does not depend on their order).
         let shared = match &m.latent {
             Some(_) => {
-                let fork = self.gpu.mark()?;
-                self.gpu.side.wait(&fork).map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu.record(&self.fork)?;
+                self.gpu
+                    .side
+                    .wait(&self.fork)
+                    .map_err(|e| anyhow!("{e:?}"))?;
                 let s = a.f32s(n * self.cfg.hidden)?;
                 let side = Mm {
                     side: true,
                     ..Mm::default()
                 };
                 self.mlp(a, &m.shared, x, n, s, side)?;
-                let joined = self
-                    .gpu
-                    .side
-                    .record_event(None)
+                self.join
+                    .record(&self.gpu.side)
                     .map_err(|e| anyhow!("{e:?}"))?;
-                Some((s, joined))
+                Some(s)
             }
             None => None,
         };
@@ -1635,15 +1678,14 @@ impl CudaModel {
         };
         let ids = a.take(4 * n * top_k)?;
         let wts = a.f32s(n * top_k)?;
-        // One resident row (decode): the selected records come from the device table, nothing goes to the
-        // host. Otherwise the host takes the ids, plans the copies and runs each chosen expert once per pass.
-        let direct = self.direct.as_ref().filter(|_| n == 1);
-        let (table, slots) = match direct {
-            Some(d) => (
-                d.table.ptr + (8 * layer * e_count) as u64,
-                a.take(8 * top_k)?,
-            ),
-            None => (0, 0),
+        // Every expert resident: the selected records come from the layer's device table and nothing goes to the
+        // host; one row's (decode) straight from the router, several rows' grouped by expert on the device.
+        // Otherwise the host takes the ids, plans the copies and runs each chosen expert once per pass.
+        let direct = self.direct.as_ref();
+        let table = direct.map_or(0, |d| d.table.ptr + (8 * layer * e_count) as u64);
+        let (route_table, slots) = match direct {
+            Some(_) if n == 1 => (table, a.take(8 * top_k)?),
+            _ => (0, 0),
         };
         Launch::new(
             &self.gpu,
@@ -1660,23 +1702,46 @@ impl CudaModel {
         .f(mc.routed_scaling_factor)
         .p(ids)
         .p(wts)
-        .p(table)
+        .p(route_table)
         .p(slots)
         .go()?;
-        let (entry, y, uses) = match direct {
-            Some(d) => {
+        let (entry, y) = match direct {
+            Some(d) if n == 1 => {
                 let act = a.f32s(top_k * lay.inter)?;
                 let y = a.f32s(top_k * lay.width)?;
                 self.launch_experts(top_k, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
-                self.cache.lock().unwrap().counters.vram_hits += top_k as u64;
-                (d.seq.ptr, y, top_k)
+                self.count_uses(stats, top_k, true);
+                (d.seq.ptr, y)
             }
-            None => self.routed_via_host(a, layer, ids, z, n, held)?,
+            Some(_) => {
+                // As many groups as there can be distinct experts: the empty ones cost a block start each.
+                let (pairs, groups) = (n * top_k, (n * top_k).min(e_count));
+                let (slots, row_off) = (a.take(8 * groups)?, a.take(4 * (groups + 1))?);
+                let (rows, entry) = (a.take(4 * pairs)?, a.take(4 * pairs)?);
+                Launch::new(&self.gpu, "moe_group", (1, 1), 256, (4 * e_count) as u32)
+                    .p(ids)
+                    .i(n)
+                    .i(top_k)
+                    .i(e_count)
+                    .i(groups)
+                    .p(table)
+                    .p(slots)
+                    .p(row_off)
+                    .p(rows)
+                    .p(entry)
+                    .p(a.groups.get() + 4 * layer as u64)
+                    .go()?;
+                let act = a.f32s(pairs * lay.inter)?;
+                let y = a.f32s(pairs * lay.width)?;
+                self.launch_experts(groups, slots, row_off, rows, z, act, y)?;
+                (entry, y)
+            }
+            None => {
+                let (entry, y, uses) = self.routed_via_host(a, layer, ids, z, n, held)?;
+                self.count_uses(stats, uses, false);
+                (entry, y)
+            }
         };
-        stats.expert_uses.fetch_add(uses as u64, Ordering::Relaxed);
-        stats
-            .expert_bytes
-            .fetch_add((uses * lay.len) as u64, Ordering::Relaxed);
         // acc = Σ w_i y_i per row, experts in ascending id order.
         let acc = a.f32s(n * lay.width)?;
         Launch::new(
@@ -1695,8 +1760,8 @@ impl CudaModel {
         .i(lay.width)
         .go()?;
         match (&m.latent, shared) {
-            (Some((_, norm, up)), Some((s, joined))) => {
-                self.gpu.wait(&joined)?;
+            (Some((_, norm, up)), Some(s)) => {
+                self.gpu.wait(&self.join)?;
                 let out = Mm {
                     norm: Some((norm.ptr(), self.cfg.rms_norm_eps)),
                     add: s,
@@ -1735,6 +1800,7 @@ impl CudaModel {
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<(u64, u64, usize)> {
         let top_k = self.cfg.moe.top_k;
+        a.copies.set(true);
         let ids: Vec<i32> = self.gpu.dtoh(ids, n * top_k)?;
         // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
         // move again.
@@ -1959,6 +2025,18 @@ impl CudaModel {
             seq: self.gpu.upload(&(0..=k as i32).collect::<Vec<_>>())?,
             row0: self.gpu.upload(&vec![0i32; k])?,
         })
+    }
+
+    /// `uses` chosen experts, each read once from VRAM (`resident`: found there without the host's plan, which
+    /// counts its own hits).
+    fn count_uses(&self, stats: &Stats, uses: usize, resident: bool) {
+        if resident {
+            self.cache.lock().unwrap().counters.vram_hits += uses as u64;
+        }
+        stats.expert_uses.fetch_add(uses as u64, Ordering::Relaxed);
+        stats
+            .expert_bytes
+            .fetch_add((uses * self.layout.len) as u64, Ordering::Relaxed);
     }
 
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
