@@ -686,7 +686,8 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
 //   a mask, a shift or a multiply (mx_frag) straight from the stored word into an A fragment.
 // - x: staged times 2^k, k putting its largest |x| in [2^14, 2^15), and split into three f16 parts (hi, mid,
 //   lo: 33 significant bits, more than fp32's 24; parts below f16's range are 2^-39 of the largest |x|),
-//   which are three of the eight B columns: an f16 MMA then yields all three partial products at once.
+//   which are three of the eight B columns: an f16 MMA then yields all three partial products at once. A second
+//   row of x takes three more (passes of several rows: the weights are read once for the two).
 // - Each 32-weight block is two MMAs into a zeroed accumulator (its products exact, their sum rounded in
 //   f32), scaled once by 2^(s−127) · 2^(14−k) (powers of two: exact) and added with one fma; the three parts
 //   are summed at the end as (hi + mid) + lo.
@@ -776,40 +777,52 @@ __device__ __forceinline__ void split3(float v, u32* p, int shift) {
     p[2] |= (u32)f16_rn(r) << shift;
 }
 
-// x (len floats, len % 32 == 0) into the MXFP4 kernels' staging area xs in shared memory: a table of the block
-// scales' factors (256 floats), then x as B fragments (6 bytes an element). Fragments: per 32-element block
-// 192 bytes, lane L < 12 (part g = L / 4: hi, mid, lo; t = L % 4) reading its 16 at L · 16: elements 2t, 2t+1 |
-// 2t+8, 2t+9 of slice 0, then of slice 1, as f16 pairs, of x · 2^k, k = 141 − the largest exponent field of x,
-// within [−113, 127] (so 2^k and 2^(14−k) are normal floats). Table: entry s = 2^(14−k) · 2^(s−127), a block's
-// factor for scale code s (2^(14−k) undoes the staging's 2^k and the weights' 2^-14; code 0 is 2^-127, 255 NaN,
-// as e8m0f says).
-__device__ void stage_mx_x(float* xs, const float* x, int len) {
-    __shared__ int emax;
+// R rows of x (len floats each, len % 32 == 0; x1 is row 1 when R is 2, null if there is none) into the MXFP4
+// kernels' staging area xs in shared memory: a table of the block scales' factors per row (256 floats), then the
+// rows as B fragments (6 bytes an element). Fragments: per 32-element block 192 bytes a row, row r's after row
+// r−1's; B column 4r + g holds part g (hi, mid, lo) of row r, which lane L = 16r + 4g + t (t < 4) reads at
+// (12r + 4g + t) · 16: elements 2t, 2t+1 | 2t+8, 2t+9 of slice 0, then of slice 1, as f16 pairs, of x · 2^k,
+// k = 141 − the largest exponent field of the row, within [−113, 127] (so 2^k and 2^(14−k) are normal floats).
+// Table: entry s = 2^(14−k) · 2^(s−127), a block's factor for scale code s (2^(14−k) undoes the staging's 2^k
+// and the weights' 2^-14; code 0 is 2^-127, 255 NaN, as e8m0f says). Each row is staged as it is alone.
+template <int R>
+__device__ void stage_mx_x(float* xs, const float* x0, const float* x1, int len) {
+    __shared__ int emax[R];
     __syncthreads();
-    if (threadIdx.x == 0) emax = 0;
+    if (threadIdx.x < R) emax[threadIdx.x] = 0;
     __syncthreads();
-    int e = 0;
-    for (int i = threadIdx.x; i < len / 4; i += blockDim.x) {
-        float4 v = __ldg((const float4*)x + i);
-        e = max(e, max(max((__float_as_int(v.x) >> 23) & 255, (__float_as_int(v.y) >> 23) & 255),
-                       max((__float_as_int(v.z) >> 23) & 255, (__float_as_int(v.w) >> 23) & 255)));
-    }
-    for (int h = 16; h >= 1; h >>= 1) e = max(e, __shfl_xor_sync(FULL, e, h));
-    if ((threadIdx.x & 31) == 0) atomicMax(&emax, e);  // a maximum: the same whatever the order
-    __syncthreads();
-    int k = max(-113, min(127, 141 - emax));
-    float up = __int_as_float((k + 127) << 23), unscale = __int_as_float((141 - k) << 23);
-    for (int s = threadIdx.x; s < 256; s += blockDim.x) xs[s] = unscale * e8m0f(s);
-    u32* xf = (u32*)(xs + 256);
-    for (int i = threadIdx.x; i < len / 2; i += blockDim.x) {
-        float2 v = __ldg((const float2*)x + i);
-        u32 p[3] = {0, 0, 0};
-        split3(v.x * up, p, 0);
-        split3(v.y * up, p, 16);
-        int j = 2 * i, c = j >> 5, h = (j >> 4) & 1, q = j & 15;
-        u32* w = xf + 48 * c + 4 * ((q & 7) >> 1) + 2 * h + (q >> 3);
 #pragma unroll
-        for (int g = 0; g < 3; g++) w[16 * g] = p[g];
+    for (int r = 0; r < R; r++) {
+        const float* x = r ? x1 : x0;
+        if (R > 1 && !x) continue;
+        int e = 0;
+        for (int i = threadIdx.x; i < len / 4; i += blockDim.x) {
+            float4 v = __ldg((const float4*)x + i);
+            e = max(e, max(max((__float_as_int(v.x) >> 23) & 255, (__float_as_int(v.y) >> 23) & 255),
+                           max((__float_as_int(v.z) >> 23) & 255, (__float_as_int(v.w) >> 23) & 255)));
+        }
+        for (int h = 16; h >= 1; h >>= 1) e = max(e, __shfl_xor_sync(FULL, e, h));
+        if ((threadIdx.x & 31) == 0) atomicMax(&emax[r], e);  // a maximum: the same whatever the order
+    }
+    __syncthreads();
+    u32* xf = (u32*)(xs + 256 * R);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float* x = r ? x1 : x0;
+        if (R > 1 && !x) continue;
+        int k = max(-113, min(127, 141 - emax[r]));
+        float up = __int_as_float((k + 127) << 23), unscale = __int_as_float((141 - k) << 23);
+        for (int s = threadIdx.x; s < 256; s += blockDim.x) xs[256 * r + s] = unscale * e8m0f(s);
+        for (int i = threadIdx.x; i < len / 2; i += blockDim.x) {
+            float2 v = __ldg((const float2*)x + i);
+            u32 p[3] = {0, 0, 0};
+            split3(v.x * up, p, 0);
+            split3(v.y * up, p, 16);
+            int j = 2 * i, c = j >> 5, h = (j >> 4) & 1, q = j & 15;
+            u32* w = xf + 48 * (R * c + r) + 4 * ((q & 7) >> 1) + 2 * h + (q >> 3);
+#pragma unroll
+            for (int g = 0; g < 3; g++) w[16 * g] = p[g];
+        }
     }
     __syncthreads();
 }
@@ -823,17 +836,27 @@ __device__ __forceinline__ void mma_f16(float* d, const u32* a, u32 b0, u32 b1, 
           "f"(c[3]));
 }
 
-// One warp: rows r0 .. r0+31 of an MXFP4 matrix (`cols` columns, device layout; weights W, scales S) times x
-// over blocks [b0, b1), x staged by stage_mx_x in xs. The rows' results go to dst[0..32) (shared memory).
+// One warp: rows r0 .. r0+31 of an MXFP4 matrix (`cols` columns, device layout; weights W, scales S) times R
+// rows of x over blocks [b0, b1), x staged by stage_mx_x<R> in xs (row 1 only if two). Each weight block is
+// loaded once for both rows: row r takes B columns 4r .. 4r+2 of the same MMAs, and an MMA computes each
+// column alone, so a row's results are the bits it gets alone. Row r's results go to dst[r][0..32) (shared
+// memory), row 0's to dst0, row 1's to dst1.
 // MX_AHEAD blocks are in flight: each register slot is refilled with the block MX_AHEAD ahead as soon as it has
 // been read (on the H200 four beat two and eight: 1.23–1.26 against 1.32 ms a token).
 #define MX_AHEAD 4
-__device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, int b1, const float* xs, float* dst) {
+template <int R>
+__device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, int b1, const float* xs, bool two,
+                          float* dst0, float* dst1) {
     int lane = threadIdx.x & 31, g = lane >> 2;
     int nb = cols / 32;
     const uint4* wp = (const uint4*)(W + (size_t)r0 * (cols / 2)) + lane;
     const u32* sp = (const u32*)(S + (size_t)r0 * nb) + g;
-    const uint4* xp = (const uint4*)(xs + 256) + lane;
+    // The B column this lane loads: part (lane / 4) % 4 of row lane / 16 (columns 3 and 7 are zeros, and row 1's
+    // when there is none). The accumulator columns it holds, 2t and 2t + 1 (t = lane % 4), are row t / 2's: that
+    // row's scale table.
+    bool live = R > 1 ? (lane & 15) < 12 && (lane < 16 || two) : lane < 12;
+    const uint4* xp = (const uint4*)(xs + 256 * R) + (R > 1 ? (lane & 15) + 12 * (lane >> 4) : lane);
+    const float* tbl = R > 1 ? xs + 256 * ((lane >> 1) & 1) : xs;
     uint4 buf[MX_AHEAD];
     u32 sb[MX_AHEAD];
 #pragma unroll
@@ -854,8 +877,7 @@ __device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, in
                 sb[j] = __ldg(sp + (size_t)(c + MX_AHEAD + j) * 8);
             }
             if (c + j < b1) {
-                // Lanes 12..31 hold the unused B columns: zeros.
-                uint4 xb = lane < 12 ? xp[12 * (c + j)] : make_uint4(0, 0, 0, 0);
+                uint4 xb = live ? xp[12 * R * (c + j)] : make_uint4(0, 0, 0, 0);
                 u32 word[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int tau = 0; tau < 2; tau++) {
@@ -865,7 +887,7 @@ __device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, in
                     mma_f16(d, a, xb.x, xb.y, zero);
                     mx_frag(word[2 * tau + 1], a);
                     mma_f16(d, a, xb.z, xb.w, d);
-                    float f0 = xs[(s >> (16 * tau)) & 255], f1 = xs[(s >> (16 * tau + 8)) & 255];
+                    float f0 = tbl[(s >> (16 * tau)) & 255], f1 = tbl[(s >> (16 * tau + 8)) & 255];
                     acc[tau][0] = fmaf(d[0], f0, acc[tau][0]);
                     acc[tau][1] = fmaf(d[1], f0, acc[tau][1]);
                     acc[tau][2] = fmaf(d[2], f1, acc[tau][2]);
@@ -874,19 +896,22 @@ __device__ void rows32_mx(const u8* W, const u8* S, int cols, int r0, int b0, in
             }
         }
     }
-    // Lane 4g holds hi and mid of rows g and g + 8 of each tile, lane 4g + 1 their lo.
+    // Lane 4g + 2r holds row r's hi and mid of weight rows g and g + 8 of each tile, lane 4g + 2r + 1 their lo.
     float lo[2][2];
 #pragma unroll
     for (int tau = 0; tau < 2; tau++) {
         lo[tau][0] = __shfl_down_sync(FULL, acc[tau][0], 1);
         lo[tau][1] = __shfl_down_sync(FULL, acc[tau][2], 1);
     }
-    if ((lane & 3) == 0)
+    int t = lane & 3;
+    if (t == 0 || (R > 1 && t == 2 && two)) {
+        float* d = R > 1 && t ? dst1 : dst0;
 #pragma unroll
         for (int tau = 0; tau < 2; tau++) {
-            dst[16 * tau + g] = (acc[tau][0] + acc[tau][1]) + lo[tau][0];
-            dst[16 * tau + g + 8] = (acc[tau][2] + acc[tau][3]) + lo[tau][1];
+            d[16 * tau + g] = (acc[tau][0] + acc[tau][1]) + lo[tau][0];
+            d[16 * tau + g + 8] = (acc[tau][2] + acc[tau][3]) + lo[tau][1];
         }
+    }
 }
 
 // Eight BF16 weights (lanes 8q..8q+7 of their block) into the accumulators.
@@ -948,25 +973,26 @@ __device__ float rows32_bf16(const u8* w, int cols, int stride, const float* x, 
     return fold32(acc);
 }
 
-// x into the staging area of the experts' kernels (stage_mx_x, or for BF16 x as it is).
-template <bool MX>
-__device__ __forceinline__ void stage_expert_x(void* xs, const float* x, int len) {
+// x into the staging area of the experts' kernels (stage_mx_x: R rows, x1 null when there is one; BF16, R = 1: x0
+// as it is).
+template <bool MX, int R>
+__device__ __forceinline__ void stage_expert_x(void* xs, const float* x0, const float* x1, int len) {
     if (MX)
-        stage_mx_x((float*)xs, x, len);
+        stage_mx_x<R>((float*)xs, x0, x1, len);
     else
-        stage_x((float*)xs, x, len);
+        stage_x((float*)xs, x0, len);
 }
 
-// One warp: rows r0 .. r0+31 of an expert matrix over blocks [b0, b1), into dst[0..32) (shared memory), x
-// staged by stage_expert_x in xs. MXFP4 (device layout): weights at w, scales at s; BF16: tile this warp's
-// shared-memory tile.
-template <bool MX>
+// One warp: rows r0 .. r0+31 of an expert matrix over blocks [b0, b1) times the staged x rows (R; the second
+// when `two`), into dst0 and dst1 [0..32) (shared memory), x staged by stage_expert_x in xs. MXFP4 (device
+// layout): weights at w, scales at s; BF16 (R = 1): tile this warp's shared-memory tile.
+template <bool MX, int R>
 __device__ __forceinline__ void expert_rows(const u8* w, const u8* s, int cols, int r0, int b0, int b1,
-                                            const void* xs, uint4* tile, float* dst) {
+                                            const void* xs, bool two, uint4* tile, float* dst0, float* dst1) {
     if (MX)
-        rows32_mx(w, s, cols, r0, b0, b1, (const float*)xs, dst);
+        rows32_mx<R>(w, s, cols, r0, b0, b1, (const float*)xs, two, dst0, dst1);
     else
-        dst[threadIdx.x & 31] =
+        dst0[threadIdx.x & 31] =
             rows32_bf16(w + ((size_t)r0 * cols + 32 * b0) * 2, 32 * (b1 - b0), cols, (const float*)xs + 32 * b0, tile);
 }
 
@@ -976,17 +1002,19 @@ __device__ __forceinline__ void expert_rows(const u8* w, const u8* s, int cols, 
 // gets the registers of its own arithmetic. Both kernels have 128 threads, four warps; each warp takes 32 rows
 // over half of their blocks (half = blocks [0, nb/2) or [nb/2, nb)), and the halves meet through shared memory
 // and add as lo + hi, a fixed order (half-rows give each expert twice the warps; how many rows a block takes
-// sets how the grid fills the GPU in waves). Dynamic shared memory: (BF16: 4 warp tiles, then) the staged x.
+// sets how the grid fills the GPU in waves). R: the x rows taken per pass over the weights (MXFP4 only: the
+// `_mx2` kernels, for passes of several rows, read an expert's weights once for each two of its rows). Dynamic
+// shared memory: (BF16: 4 warp tiles, then) the staged x.
 #define EXPERT_SMEM(MX) (MX ? 0 : 4 * WARP_TILE)
 
 // 64 intermediate rows a block, two groups of 32 in turn over one staging of x (16 K3 experts are then one wave
 // of blocks on the H200, not 1.9): warp (half, up), up = warp & 1 the up rows (w3) or the gate rows (w1).
-template <bool MX>
+template <bool MX, int R>
 __device__ void expert_up(const u64* slots, const int* row_off, const int* rows, const float* z, float* a, int width,
                           int inter, int act, Parts parts) {
     extern __shared__ uint4 dyn[];
     void* xs = dyn + EXPERT_SMEM(MX);
-    __shared__ float part[2][2][32];
+    __shared__ float part[R][2][2][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, up = warp & 1, half = warp >> 1;
     int u = blockIdx.y;
     int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
@@ -994,39 +1022,49 @@ __device__ void expert_up(const u64* slots, const int* row_off, const int* rows,
     const u8* w = rec + (up ? parts.off[MX ? 4 : 2] : parts.off[0]);
     const u8* sc = rec + (up ? parts.off[5] : parts.off[1]);
     int end = min((int)blockIdx.x * 64 + 64, inter);
-    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_expert_x<MX>(xs, z + (size_t)rows[e] * width, width);
+    for (int e = row_off[u]; e < row_off[u + 1]; e += R) {
+        bool two = R > 1 && e + 1 < row_off[u + 1];
+        stage_expert_x<MX, R>(xs, z + (size_t)rows[e] * width, two ? z + (size_t)rows[e + 1] * width : nullptr,
+                              width);
         for (int r0 = blockIdx.x * 64; r0 < end; r0 += 32) {
-            expert_rows<MX>(w, sc, width, r0, b0, b1, xs, dyn + warp * WARP_TILE, part[up][half]);
+            expert_rows<MX, R>(w, sc, width, r0, b0, b1, xs, two, dyn + warp * WARP_TILE, part[0][up][half],
+                               part[R - 1][up][half]);
             __syncthreads();
-            if (warp == 0)
-                a[(size_t)e * inter + r0 + lane] =
-                    actf(act, part[0][0][lane] + part[0][1][lane], part[1][0][lane] + part[1][1][lane]);
+            // Warp r writes row e + r.
+            if (warp < (two ? 2 : 1)) {
+                float(*p)[2][32] = part[warp];
+                a[(size_t)(e + warp) * inter + r0 + lane] =
+                    actf(act, p[0][0][lane] + p[0][1][lane], p[1][0][lane] + p[1][1][lane]);
+            }
             __syncthreads();  // part is read before the next group writes it
         }
     }
 }
 
 // 64 output rows a block: warp (pair, half), pair = warp >> 1 the rows r0 + 32 · pair.
-template <bool MX>
+template <bool MX, int R>
 __device__ void expert_down(const u64* slots, const int* row_off, const float* a, float* y, int width, int inter,
                             Parts parts) {
     extern __shared__ uint4 dyn[];
     void* xs = dyn + EXPERT_SMEM(MX);
-    __shared__ float part[2][2][32];
+    __shared__ float part[R][2][2][32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = warp >> 1, half = warp & 1;
     int r0 = blockIdx.x * 64 + 32 * pair;
     bool live = r0 < width;
     int u = blockIdx.y;
     int nb = inter / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
-    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_expert_x<MX>(xs, a + (size_t)e * inter, inter);
+    for (int e = row_off[u]; e < row_off[u + 1]; e += R) {
+        bool two = R > 1 && e + 1 < row_off[u + 1];
+        stage_expert_x<MX, R>(xs, a + (size_t)e * inter, two ? a + (size_t)(e + 1) * inter : nullptr, inter);
         if (live)
-            expert_rows<MX>(rec + parts.off[MX ? 2 : 1], rec + parts.off[3], inter, r0, b0, b1, xs,
-                            dyn + warp * WARP_TILE, part[pair][half]);
+            expert_rows<MX, R>(rec + parts.off[MX ? 2 : 1], rec + parts.off[3], inter, r0, b0, b1, xs, two,
+                               dyn + warp * WARP_TILE, part[0][pair][half], part[R - 1][pair][half]);
         __syncthreads();
-        if (live && half == 0) y[(size_t)e * width + r0 + lane] = part[pair][0][lane] + part[pair][1][lane];
+        if (live && half == 0) {
+            y[(size_t)e * width + r0 + lane] = part[0][pair][0][lane] + part[0][pair][1][lane];
+            if (two) y[(size_t)(e + 1) * width + r0 + lane] = part[R - 1][pair][0][lane] + part[R - 1][pair][1][lane];
+        }
     }
 }
 
@@ -1038,22 +1076,32 @@ __device__ void expert_down(const u64* slots, const int* row_off, const float* a
 extern "C" __global__ void expert_up_mx(EXPERT_UP_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_up<true>(slots, row_off, rows, z, a, width, inter, act, parts);
+    expert_up<true, 1>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_up_mx2(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up<true, 2>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_up_bf16(EXPERT_UP_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_up<false>(slots, row_off, rows, z, a, width, inter, act, parts);
+    expert_up<false, 1>(slots, row_off, rows, z, a, width, inter, act, parts);
 }
 extern "C" __global__ void expert_down_mx(EXPERT_DOWN_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_down<true>(slots, row_off, a, y, width, inter, parts);
+    expert_down<true, 1>(slots, row_off, a, y, width, inter, parts);
+}
+extern "C" __global__ void expert_down_mx2(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down<true, 2>(slots, row_off, a, y, width, inter, parts);
 }
 extern "C" __global__ void expert_down_bf16(EXPERT_DOWN_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_down<false>(slots, row_off, a, y, width, inter, parts);
+    expert_down<false, 1>(slots, row_off, a, y, width, inter, parts);
 }
 
 // acc[t] = Σ_k w[t][k] · y[entry[t][k]], k over the row's experts in ascending id order (the canonical order).

@@ -290,21 +290,32 @@ impl RecordLayout {
         }
     }
 
-    /// The expert kernels (up, down) of this encoding and the activation they apply (0 SiTU, 1 SiLU).
-    fn kernels(&self) -> (&'static str, &'static str, usize) {
-        if self.mxfp4 {
-            ("expert_up_mx", "expert_down_mx", 0)
-        } else {
-            ("expert_up_bf16", "expert_down_bf16", 1)
+    /// The expert kernels (up, down) of this encoding that take `rows` x rows a pass over the weights (see
+    /// `rows_per_pass`), and the activation they apply (0 SiTU, 1 SiLU).
+    fn kernels(&self, rows: usize) -> (&'static str, &'static str, usize) {
+        match (self.mxfp4, rows) {
+            (true, 1) => ("expert_up_mx", "expert_down_mx", 0),
+            (true, _) => ("expert_up_mx2", "expert_down_mx2", 0),
+            (false, _) => ("expert_up_bf16", "expert_down_bf16", 1),
         }
     }
 
-    /// Dynamic shared memory of an expert kernel's block that stages an x of `len` elements: for BF16 four
-    /// warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 the block scales' factors
-    /// (256 floats) and the x row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
-    fn expert_smem(&self, len: usize) -> usize {
+    /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
+    /// free columns of the same tensor-core MMAs), BF16 one.
+    fn rows_per_pass(&self) -> usize {
         if self.mxfp4 {
-            4 * 256 + 6 * len
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Dynamic shared memory of an expert kernel's block that stages `rows` x rows of `len` elements: for BF16
+    /// four warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 per row the block scales'
+    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
+    fn expert_smem(&self, len: usize, rows: usize) -> usize {
+        if self.mxfp4 {
+            rows * (4 * 256 + 6 * len)
         } else {
             4 * 2 * 32 * 9 * 16 + 4 * len
         }
@@ -668,11 +679,12 @@ impl CudaModel {
         }
         // Shared memory per block: the expert kernels stage their x (width elements up, inter down); mx_repack
         // rearranges one 32-row group of a tensor.
-        let (up, down, _) = layout.kernels();
-        let mut needs = vec![
-            (up, layout.expert_smem(layout.width)),
-            (down, layout.expert_smem(layout.inter)),
-        ];
+        let mut needs = Vec::new();
+        for rows in [1, layout.rows_per_pass()] {
+            let (up, down, _) = layout.kernels(rows);
+            needs.push((up, layout.expert_smem(layout.width, rows)));
+            needs.push((down, layout.expert_smem(layout.inter, rows)));
+        }
         if layout.mxfp4 {
             needs.push(("mx_repack", layout.repack_smem()));
         }
@@ -1709,7 +1721,7 @@ impl CudaModel {
             Some(d) if n == 1 => {
                 let act = a.f32s(top_k * lay.inter)?;
                 let y = a.f32s(top_k * lay.width)?;
-                self.launch_experts(top_k, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
+                self.launch_experts(top_k, 1, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
                 self.count_uses(stats, top_k, true);
                 (d.seq.ptr, y)
             }
@@ -1733,7 +1745,8 @@ impl CudaModel {
                     .go()?;
                 let act = a.f32s(pairs * lay.inter)?;
                 let y = a.f32s(pairs * lay.width)?;
-                self.launch_experts(groups, slots, row_off, rows, z, act, y)?;
+                let per_pass = lay.rows_per_pass();
+                self.launch_experts(groups, per_pass, slots, row_off, rows, z, act, y)?;
                 (entry, y)
             }
             None => {
@@ -2089,11 +2102,17 @@ impl CudaModel {
             rows.extend(rows_of[u].iter().map(|&t| t as i32));
         }
         row_off.push(rows.len() as i32);
+        let per_pass = if rows.len() > group.len() {
+            lay.rows_per_pass()
+        } else {
+            1
+        };
         let slots_dev = self.stage(a, &slots)?;
         let off_dev = self.stage(a, &row_off)?;
         let rows_dev = self.stage(a, &rows)?;
         self.launch_experts(
             group.len(),
+            per_pass,
             slots_dev,
             off_dev,
             rows_dev,
@@ -2104,11 +2123,13 @@ impl CudaModel {
     }
 
     /// `g` experts from device tables: `slots[u]` its record, entries `row_off[u]..row_off[u+1]` its rows of z
-    /// (`rows[entry]`); entry e's activations and outputs at row e of `act` and `y`.
+    /// (`rows[entry]`); entry e's activations and outputs at row e of `act` and `y`. `per_pass`: the kernels that
+    /// take that many of an expert's rows a pass over its weights (1, or `rows_per_pass` when some have several).
     #[allow(clippy::too_many_arguments)]
     fn launch_experts(
         &self,
         g: usize,
+        per_pass: usize,
         slots: u64,
         row_off: u64,
         rows: u64,
@@ -2117,7 +2138,7 @@ impl CudaModel {
         y: u64,
     ) -> Result<()> {
         let lay = &self.layout;
-        let (up, down, act_kind) = lay.kernels();
+        let (up, down, act_kind) = lay.kernels(per_pass);
         let g = g as u32;
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
         // groups in turn) in expert_up, 64 output rows in expert_down.
@@ -2126,7 +2147,7 @@ impl CudaModel {
             up,
             (lay.inter.div_ceil(64) as u32, g),
             128,
-            lay.expert_smem(lay.width) as u32,
+            lay.expert_smem(lay.width, per_pass) as u32,
         )
         .p(slots)
         .p(row_off)
@@ -2143,7 +2164,7 @@ impl CudaModel {
             down,
             (lay.width.div_ceil(64) as u32, g),
             128,
-            lay.expert_smem(lay.inter) as u32,
+            lay.expert_smem(lay.inter, per_pass) as u32,
         )
         .p(slots)
         .p(row_off)
