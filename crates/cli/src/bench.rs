@@ -424,44 +424,13 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         ..StoreArgs::default()
     };
     let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
-    let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
-    // Each session's prompt is `prompt` rotated by its place, so the sessions route apart; the first one's
-    // prefill is timed. Returns (prefill secs, decode secs a step, expert bytes a step).
-    let run = || -> Result<(f64, f64, f64)> {
-        let stats = Stats::default();
-        let mut sessions = Vec::with_capacity(a.batch);
-        let mut next = Vec::with_capacity(a.batch);
-        let mut prefill = 0.0;
-        for i in 0..a.batch {
-            let mut s = model.new_session();
-            let mut p = prompt.clone();
-            p.rotate_left(i % prompt.len());
-            let t0 = Instant::now();
-            let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
-            if i == 0 {
-                prefill = t0.elapsed().as_secs_f64();
-            }
-            sessions.push(s);
-            next.push(deltafin_engine::sampler::argmax(&logits));
-        }
-        let bytes0 = stats.bytes();
-        let t1 = Instant::now();
-        for _ in 0..a.tokens {
-            next = greedy_step(&model, &mut sessions, &next, &stats)?;
-        }
-        let steps = a.tokens as f64;
-        Ok((
-            prefill,
-            t1.elapsed().as_secs_f64() / steps,
-            (stats.bytes() - bytes0) as f64 / steps,
-        ))
-    };
-    run()?; // warm the expert cache
+    let prompt = compute_prompt();
+    sessions_decode(&model, &prompt, a)?; // warm the expert cache
     let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..a.runs {
-        let (p, d, e) = run()?;
+        let (p, s, e) = sessions_decode(&model, &prompt, a)?;
         prefills.push(p);
-        steps.push(d);
+        steps.push(s.iter().sum::<f64>() / s.len() as f64);
         expert_bytes.push(e);
     }
     // Bytes one decode step touches: every resident spine matrix once, plus the routed experts its rows chose
@@ -509,6 +478,49 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The compute benchmarks' 64-token prompt.
+fn compute_prompt() -> Vec<u32> {
+    (0..64).map(|i| (i * 37 + 11) % 4096).collect()
+}
+
+/// `a.batch` sessions, each after `prompt` rotated by its place (so the sessions route apart; the first one's
+/// prefill is timed), then `a.tokens` greedy decode steps of all of them together. Returns (prefill secs, each
+/// step's secs, expert bytes a step).
+fn sessions_decode<B: Backend>(
+    model: &B,
+    prompt: &[u32],
+    a: &BenchArgs,
+) -> Result<(f64, Vec<f64>, f64)> {
+    let stats = Stats::default();
+    let mut sessions = Vec::with_capacity(a.batch);
+    let mut next = Vec::with_capacity(a.batch);
+    let mut prefill = 0.0;
+    for i in 0..a.batch {
+        let mut s = model.new_session()?;
+        let mut p = prompt.to_vec();
+        p.rotate_left(i % prompt.len());
+        let t0 = Instant::now();
+        let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
+        if i == 0 {
+            prefill = t0.elapsed().as_secs_f64();
+        }
+        sessions.push(s);
+        next.push(deltafin_engine::sampler::argmax(&logits));
+    }
+    let bytes0 = stats.bytes();
+    let mut steps = Vec::with_capacity(a.tokens);
+    for _ in 0..a.tokens {
+        let t = Instant::now();
+        next = greedy_step(model, &mut sessions, &next, &stats)?;
+        steps.push(t.elapsed().as_secs_f64());
+    }
+    Ok((
+        prefill,
+        steps,
+        (stats.bytes() - bytes0) as f64 / a.tokens as f64,
+    ))
+}
+
 /// Bytes per second of a parallel sequential read of 1 GiB, median of 5.
 fn memory_bandwidth() -> f64 {
     use rayon::prelude::*;
@@ -544,40 +556,11 @@ fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
         .device
         .load_cuda(ordinal, &dir, &store.load_options(&dir)?, false)?;
     let d2d = deltafin_cuda::probe::d2d(model.gpu(), 1 << 30, 5)? * 1e9;
-    let prompt: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 4096).collect();
-    // Each session's prompt is `prompt` rotated by its place; the first one's prefill is timed. Returns
-    // (prefill secs, each decode step's secs, expert bytes a step).
-    let run = || -> Result<(f64, Vec<f64>, f64)> {
-        let stats = Stats::default();
-        let mut sessions = Vec::with_capacity(a.batch);
-        let mut next = Vec::with_capacity(a.batch);
-        let mut prefill = 0.0;
-        for i in 0..a.batch {
-            let mut s = model.new_session()?;
-            let mut p = prompt.clone();
-            p.rotate_left(i % prompt.len());
-            let t0 = Instant::now();
-            let logits = model.forward(&mut s, &p, LogitRows::Last, &stats)?;
-            if i == 0 {
-                prefill = t0.elapsed().as_secs_f64();
-            }
-            sessions.push(s);
-            next.push(deltafin_engine::sampler::argmax(&logits));
-        }
-        let bytes0 = stats.bytes();
-        let mut steps = Vec::with_capacity(a.tokens);
-        for _ in 0..a.tokens {
-            let t = Instant::now();
-            next = greedy_step(&model, &mut sessions, &next, &stats)?;
-            steps.push(t.elapsed().as_secs_f64());
-        }
-        let experts = (stats.bytes() - bytes0) as f64 / a.tokens as f64;
-        Ok((prefill, steps, experts))
-    };
-    run()?; // the kernels' first launches
+    let prompt = compute_prompt();
+    sessions_decode(&model, &prompt, a)?; // the kernels' first launches
     let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..a.runs {
-        let (p, s, e) = run()?;
+        let (p, s, e) = sessions_decode(&model, &prompt, a)?;
         prefills.push(p);
         steps.extend(s);
         expert_bytes.push(e);

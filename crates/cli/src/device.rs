@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_cuda::{CudaModel, CudaOptions, CudaSession, Device};
 use deltafin_formats::config::ModelConfig;
-use deltafin_models::{Backend, LoadOptions, LogitRows, Stats};
+use deltafin_models::{Backend, LoadOptions, Stats};
 use deltafin_store::ExpertStore;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -168,22 +168,6 @@ impl Backend for Timed<'_> {
 
     fn new_session(&self) -> Result<CudaSession> {
         self.model.new_session()
-    }
-
-    fn forward(
-        &self,
-        session: &mut CudaSession,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
-        let pass = deltafin_models::Pass {
-            session,
-            tokens,
-            rows,
-        };
-        let mut logits = self.forward_batch(&mut [pass], stats)?;
-        Ok(logits.pop().expect("one pass, one result"))
     }
 
     fn forward_batch(

@@ -12,7 +12,7 @@ use cudarc::driver::{result as cu, sys, CudaEvent};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, LogitRows, Pass, Stats};
+use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, Pass, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -511,22 +511,6 @@ impl Backend for CudaModel {
             })
             .collect::<Result<_>>()?;
         Ok(CudaSession { layers, pos: 0 })
-    }
-
-    fn forward(
-        &self,
-        session: &mut CudaSession,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
-        let pass = Pass {
-            session,
-            tokens,
-            rows,
-        };
-        let mut logits = self.forward_batch(&mut [pass], stats)?;
-        Ok(logits.pop().expect("one pass, one result"))
     }
 
     /// One pass over every session's rows: each runs attention on its own state, the rest of the layer on

@@ -29,30 +29,32 @@ pub trait Backend: Send + Sync {
     fn new_session(&self) -> Result<Self::Session>;
 
     /// Runs `tokens` after the session's history (prefill, one decode step, or anything between: the same
-    /// code path) and returns logits `[rows, vocab]`.
+    /// code path) and returns logits `[rows, vocab]`: a batch of one.
     fn forward(
         &self,
         session: &mut Self::Session,
         tokens: &[u32],
         rows: LogitRows,
         stats: &Stats,
-    ) -> Result<Vec<f32>>;
+    ) -> Result<Vec<f32>> {
+        let pass = Pass {
+            session,
+            tokens,
+            rows,
+        };
+        let mut logits = self.forward_batch(&mut [pass], stats)?;
+        Ok(logits.pop().expect("one pass, one result"))
+    }
 
     /// One pass over several sessions at once: each `Pass` runs its tokens after its session's history, and
     /// gets its logits (`[rows, vocab]`, in batch order). A row's arithmetic never depends on the other rows, so
     /// each session's logits equal those of its own `forward` bit for bit; what the batch shares is the reading
-    /// of the weights (a routed expert chosen by several rows is read once for all of them). This default runs
-    /// the passes one after another.
+    /// of the weights (a routed expert chosen by several rows is read once for all of them).
     fn forward_batch(
         &self,
         batch: &mut [Pass<'_, Self::Session>],
         stats: &Stats,
-    ) -> Result<Vec<Vec<f32>>> {
-        batch
-            .iter_mut()
-            .map(|p| self.forward(p.session, p.tokens, p.rows, stats))
-            .collect()
-    }
+    ) -> Result<Vec<Vec<f32>>>;
 
     /// An independent copy of `session`, equal bit for bit: both continue exactly as the original would.
     fn fork(&self, session: &Self::Session) -> Result<Self::Session>;

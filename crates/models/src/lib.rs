@@ -168,22 +168,6 @@ impl Backend for Model {
         Ok(Model::new_session(self))
     }
 
-    fn forward(
-        &self,
-        session: &mut Session,
-        tokens: &[u32],
-        rows: LogitRows,
-        stats: &Stats,
-    ) -> Result<Vec<f32>> {
-        let pass = Pass {
-            session,
-            tokens,
-            rows,
-        };
-        let mut logits = self.forward_batch(&mut [pass], stats)?;
-        Ok(logits.pop().expect("one pass, one result"))
-    }
-
     fn forward_batch(
         &self,
         batch: &mut [Pass<'_, Session>],
