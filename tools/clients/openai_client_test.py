@@ -131,8 +131,19 @@ def main():
     except openai.BadRequestError as e:
         check("previous_response_id" in str(e), f"previous_response_id: {e}")
 
+    # n choices, whole and streamed: choice i samples with seed + i.
+    two = client.chat.completions.create(model=a.model, messages=messages, max_tokens=4, n=2, temperature=1.0,
+                                         seed=3)
+    check([c.index for c in two.choices] == [0, 1], f"n=2 indices: {two.choices}")
+    streamed = {0: "", 1: ""}
+    for chunk in client.chat.completions.create(model=a.model, messages=messages, max_tokens=4, n=2,
+                                                temperature=1.0, seed=3, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    check([streamed[0], streamed[1]] == [c.message.content for c in two.choices], f"n=2 streamed: {streamed}")
+
     # Errors are OpenAI-shaped and name the field.
-    for kwargs, param in [(dict(n=2), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
+    for kwargs, param in [(dict(n=17), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
                           (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
                           (dict(tools=tools, tool_choice="required"), "tool_choice")]:
         try:

@@ -139,7 +139,12 @@ pub struct Common {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate (OpenAI's `n`): choice i samples with seed + i.
+    pub n: usize,
 }
+
+/// The most choices one request may ask for.
+pub const MAX_CHOICES: u64 = 16;
 
 pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiError> {
     let model: String = f
@@ -158,10 +163,10 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
         ));
     }
     let n: u64 = f.get("n")?.unwrap_or(1);
-    if n != 1 {
+    if !(1..=MAX_CHOICES).contains(&n) {
         return Err(ApiError::invalid(
             "n",
-            format!("deltafin generates one choice per request; 'n' must be 1, got {n}"),
+            format!("'n' (choices to generate) must be between 1 and {MAX_CHOICES}, got {n}"),
         ));
     }
     let (temperature, top_p) = temperature_top_p(f, 2.0)?;
@@ -263,6 +268,7 @@ pub fn common(f: &Fields, max_tokens_field: Option<&str>) -> Result<Common, ApiE
         },
         stop,
         stream,
+        n: n as usize,
         include_usage,
     })
 }

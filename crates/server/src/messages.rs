@@ -138,6 +138,7 @@ fn parse_as(body: &[u8], counting: bool) -> Result<ChatRequest, ApiError> {
             stop,
             stream: f.get("stream")?.unwrap_or(false),
             include_usage: false,
+            n: 1,
         },
         messages,
         top_logprobs: None,

@@ -15,7 +15,7 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use deltafin_engine::{Job, Rejected, Request};
+use deltafin_engine::{Job, Rejected, Request, SamplingParams};
 use deltafin_tokenizer::chat::{k3_tools_message, ToolCall};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -113,9 +113,9 @@ fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
-/// What a parsed request turns into: a queued job and how to answer.
+/// What a parsed request turns into: its queued jobs (one a choice) and how to answer.
 struct Planned {
-    rx: UnboundedReceiver<Msg>,
+    rxs: Vec<UnboundedReceiver<Msg>>,
     keep_alive: std::time::Duration,
     format: Format,
     stream: bool,
@@ -207,20 +207,26 @@ fn plan_chat(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Planned, 
 
 fn plan_chat_request(s: &AppState, req: api::ChatRequest, kind: Kind) -> Result<Planned, ApiError> {
     let prompt = chat_prompt(s, &req, kind)?;
-    let (tx, rx) = unbounded_channel();
-    let sink = chat_sink(s, &req, tx)?;
     let default_max = s.cfg.default_max_tokens;
     let format = format(s, kind, &req.common, req.top_logprobs.is_some(), &prompt);
-    submit(
-        s,
-        prompt,
-        &req.common,
-        default_max,
-        req.top_logprobs,
-        Box::new(sink),
-    )?;
+    let mut rxs = Vec::with_capacity(req.common.n);
+    for choice in 0..req.common.n {
+        let (tx, rx) = unbounded_channel();
+        let sink = chat_sink(s, &req, tx)?;
+        let c = &req.common;
+        submit(
+            s,
+            &prompt,
+            c,
+            choice,
+            default_max,
+            req.top_logprobs,
+            Box::new(sink),
+        )?;
+        rxs.push(rx);
+    }
     Ok(Planned {
-        rx,
+        rxs,
         keep_alive: s.cfg.keep_alive,
         stream: req.common.stream,
         format,
@@ -325,13 +331,6 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
             ids
         }
     };
-    let (tx, rx) = unbounded_channel();
-    let sink = ChannelSink::completion(
-        s.tokenizer.clone(),
-        &req.common.stop,
-        s.stop_ids.clone(),
-        tx,
-    );
     let format = format(
         s,
         Kind::Completion,
@@ -339,9 +338,24 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
         req.logprobs.is_some(),
         &prompt,
     );
-    submit(s, prompt, &req.common, 16, req.logprobs, Box::new(sink))?;
+    let mut rxs = Vec::with_capacity(req.common.n);
+    for choice in 0..req.common.n {
+        let (tx, rx) = unbounded_channel();
+        let (tok, ids) = (s.tokenizer.clone(), s.stop_ids.clone());
+        let sink = ChannelSink::completion(tok, &req.common.stop, ids, tx);
+        submit(
+            s,
+            &prompt,
+            &req.common,
+            choice,
+            16,
+            req.logprobs,
+            Box::new(sink),
+        )?;
+        rxs.push(rx);
+    }
     Ok(Planned {
-        rx,
+        rxs,
         keep_alive: s.cfg.keep_alive,
         stream: req.common.stream,
         format,
@@ -375,10 +389,13 @@ fn format(s: &AppState, kind: Kind, c: &Common, logprobs: bool, prompt: &[u32]) 
     }
 }
 
+/// Queues choice `choice` of a request (its sampler seeded with the request's seed + choice). A later choice
+/// refused (a full queue) drops the receivers of those before it, which cancels their jobs.
 fn submit(
     s: &AppState,
-    prompt: Vec<u32>,
+    prompt: &[u32],
     c: &Common,
+    choice: usize,
     default_max: usize,
     top_logprobs: Option<usize>,
     sink: Box<ChannelSink>,
@@ -412,10 +429,13 @@ fn submit(
     }
     let job = Job {
         request: Request {
-            prompt,
+            prompt: prompt.to_vec(),
             max_new: c.max_tokens.unwrap_or(default_max.min(room)),
             stop_ids: s.stop_ids.clone(),
-            sampling: c.sampling.clone(),
+            sampling: SamplingParams {
+                seed: c.sampling.seed.wrapping_add(choice as u64),
+                ..c.sampling.clone()
+            },
             prompt_logits: false,
         },
         top_logprobs,
@@ -440,13 +460,23 @@ fn submit(
     })
 }
 
-/// The non-streaming answer: wait for the whole generation. Dropping this future (client gone) drops the
-/// receiver, which cancels the job.
-async fn collect(mut p: Planned) -> Result<Response, ApiError> {
+/// One choice's whole reply.
+struct Reply {
+    reasoning: String,
+    content: String,
+    logprobs: Vec<LogprobItem>,
+    calls: Vec<(usize, ToolCall)>,
+    finish_reason: &'static str,
+    stop_sequence: Option<String>,
+    usage: Usage,
+}
+
+/// Waits for one choice's whole reply.
+async fn gather(rx: &mut UnboundedReceiver<Msg>) -> Result<Reply, ApiError> {
     let (mut reasoning, mut content, mut logprobs) = (String::new(), String::new(), Vec::new());
     let mut calls = Vec::new();
     loop {
-        match p.rx.recv().await {
+        match rx.recv().await {
             Some(Msg::ToolCall { index, call }) => calls.push((index, call)),
             Some(Msg::Delta {
                 reasoning: r,
@@ -462,59 +492,15 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
                 stop_sequence,
                 usage,
             }) => {
-                let f = &p.format;
-                if f.kind == Kind::Messages {
-                    let uses: Vec<Value> = calls
-                        .iter()
-                        .map(|(i, c)| messages::tool_use(&f.id, *i, c))
-                        .collect();
-                    let stop = messages::stop_reason(finish_reason, &stop_sequence);
-                    let blocks = messages::content(&reasoning, &content, uses);
-                    let reply =
-                        messages::reply(&f.id, &f.model, blocks, stop, stop_sequence, &usage);
-                    return Ok(Json(reply).into_response());
-                }
-                if f.kind == Kind::Responses {
-                    let output = responses::output(&f.id, &reasoning, &content, &calls);
-                    let r = responses::response(
-                        &f.id,
-                        f.created,
-                        &f.model,
-                        output,
-                        Some(finish_reason),
-                        Some(&usage),
-                    );
-                    return Ok(Json(r).into_response());
-                }
-                let chat = f.kind == Kind::Chat;
-                let lp = f.logprobs.then(|| logprobs_json(chat, &logprobs));
-                let choice = if chat {
-                    let mut message =
-                        json!({"role": "assistant", "content": content, "refusal": null});
-                    if !reasoning.is_empty() {
-                        message["reasoning_content"] = json!(reasoning);
-                    }
-                    if !calls.is_empty() {
-                        // OpenAI's shape: no text beside the calls is null content.
-                        if content.is_empty() {
-                            message["content"] = Value::Null;
-                        }
-                        message["tool_calls"] =
-                            calls.iter().map(|(i, c)| tool_call_json(*i, c)).collect();
-                    }
-                    json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_reason})
-                } else {
-                    json!({"index": 0, "text": content, "logprobs": lp, "finish_reason": finish_reason})
-                };
-                return Ok(Json(json!({
-                    "id": f.id,
-                    "object": if chat { "chat.completion" } else { "text_completion" },
-                    "created": f.created,
-                    "model": f.model,
-                    "choices": [choice],
-                    "usage": usage_json(&usage),
-                }))
-                .into_response());
+                return Ok(Reply {
+                    reasoning,
+                    content,
+                    logprobs,
+                    calls,
+                    finish_reason,
+                    stop_sequence,
+                    usage,
+                })
             }
             Some(Msg::Error(e)) => return Err(generation_error(e)),
             None => {
@@ -524,6 +510,92 @@ async fn collect(mut p: Planned) -> Result<Response, ApiError> {
             }
         }
     }
+}
+
+/// The usage of several choices of one prompt: the prompt counted once (the first choice's), the completions
+/// added.
+fn total_usage(choices: impl IntoIterator<Item = Usage>) -> Usage {
+    let mut it = choices.into_iter();
+    let mut total = it.next().unwrap_or_default();
+    for u in it {
+        total.completion_tokens += u.completion_tokens;
+        total.reasoning_tokens += u.reasoning_tokens;
+    }
+    total
+}
+
+/// The non-streaming answer: wait for every choice's whole generation (they run at once). Dropping this future
+/// (client gone) drops the receivers, which cancels the jobs.
+async fn collect(mut p: Planned) -> Result<Response, ApiError> {
+    let mut replies = Vec::with_capacity(p.rxs.len());
+    for rx in &mut p.rxs {
+        replies.push(gather(rx).await?);
+    }
+    let f = &p.format;
+    if matches!(f.kind, Kind::Messages | Kind::Responses) {
+        // One choice: these APIs have no `n`.
+        let r = &replies[0];
+        if f.kind == Kind::Messages {
+            let uses: Vec<Value> = r
+                .calls
+                .iter()
+                .map(|(i, c)| messages::tool_use(&f.id, *i, c))
+                .collect();
+            let stop = messages::stop_reason(r.finish_reason, &r.stop_sequence);
+            let blocks = messages::content(&r.reasoning, &r.content, uses);
+            let reply = messages::reply(
+                &f.id,
+                &f.model,
+                blocks,
+                stop,
+                r.stop_sequence.clone(),
+                &r.usage,
+            );
+            return Ok(Json(reply).into_response());
+        }
+        let output = responses::output(&f.id, &r.reasoning, &r.content, &r.calls);
+        let reply = responses::response(
+            &f.id,
+            f.created,
+            &f.model,
+            output,
+            Some(r.finish_reason),
+            Some(&r.usage),
+        );
+        return Ok(Json(reply).into_response());
+    }
+    let chat = f.kind == Kind::Chat;
+    let choices: Vec<Value> = replies
+        .iter()
+        .enumerate()
+        .map(|(index, r)| {
+            let lp = f.logprobs.then(|| logprobs_json(chat, &r.logprobs));
+            if !chat {
+                return json!({"index": index, "text": r.content, "logprobs": lp, "finish_reason": r.finish_reason});
+            }
+            let mut message = json!({"role": "assistant", "content": r.content, "refusal": null});
+            if !r.reasoning.is_empty() {
+                message["reasoning_content"] = json!(r.reasoning);
+            }
+            if !r.calls.is_empty() {
+                // OpenAI's shape: no text beside the calls is null content.
+                if r.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = r.calls.iter().map(|(i, c)| tool_call_json(*i, c)).collect();
+            }
+            json!({"index": index, "message": message, "logprobs": lp, "finish_reason": r.finish_reason})
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": f.id,
+        "object": if chat { "chat.completion" } else { "text_completion" },
+        "created": f.created,
+        "model": f.model,
+        "choices": choices,
+        "usage": usage_json(&total_usage(replies.iter().map(|r| r.usage))),
+    }))
+    .into_response())
 }
 
 /// The `index`-th tool call of a reply as OpenAI gives it; the id is the model's, or `call_INDEX` when it
@@ -587,7 +659,10 @@ fn logprobs_json(chat: bool, items: &[LogprobItem]) -> Value {
 fn stream(p: Planned) -> Response {
     let keep_alive = KeepAlive::new().interval(p.keep_alive).text("keep-alive");
     let mut events = EventStream {
-        rx: p.rx,
+        open: vec![true; p.rxs.len()],
+        rxs: p.rxs,
+        next: 0,
+        usage: Vec::new(),
         pending: VecDeque::new(),
         done: false,
         typed: None,
@@ -595,10 +670,17 @@ fn stream(p: Planned) -> Response {
     };
     let f = &events.format;
     match f.kind {
-        // The role comes first, before the prompt is computed (OpenAI's first chunk).
+        // Each choice's role comes first, before the prompt is computed (OpenAI's first chunks).
         Kind::Chat => {
-            let first = events.chunk(json!({"role": "assistant", "content": ""}), None, None);
-            events.pending.push_back(first);
+            for index in 0..events.rxs.len() {
+                let first = events.chunk(
+                    index,
+                    json!({"role": "assistant", "content": ""}),
+                    None,
+                    None,
+                );
+                events.pending.push_back(first);
+            }
         }
         Kind::Messages => {
             let (blocks, start) = Blocks::start(&f.id, &f.model, f.prompt_tokens);
@@ -619,10 +701,16 @@ fn stream(p: Planned) -> Response {
         .into_response()
 }
 
-/// Turns the job's messages into SSE events; ends after `data: [DONE]` (typed streams: their last event) or
-/// an error event.
+/// Turns the jobs' messages into SSE events as they come (each chunk names its choice); ends after every
+/// choice has finished and `data: [DONE]` (typed streams, one choice: their last event), or an error event.
 struct EventStream {
-    rx: UnboundedReceiver<Msg>,
+    rxs: Vec<UnboundedReceiver<Msg>>,
+    /// Which choices are still generating.
+    open: Vec<bool>,
+    /// The choice polled first next time (each in turn, so none waits behind another).
+    next: usize,
+    /// The usage of each finished choice.
+    usage: Vec<Usage>,
     pending: VecDeque<Event>,
     done: bool,
     /// Messages' and Responses' events.
@@ -631,19 +719,25 @@ struct EventStream {
 }
 
 impl EventStream {
-    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<&[LogprobItem]>) -> Event {
+    fn chunk(
+        &self,
+        index: usize,
+        delta: Value,
+        finish: Option<&str>,
+        logprobs: Option<&[LogprobItem]>,
+    ) -> Event {
         let f = &self.format;
         let chat = f.kind == Kind::Chat;
         let lp = logprobs.map(|l| logprobs_json(chat, l));
         let mut body = if chat {
             json!({
                 "id": f.id, "object": "chat.completion.chunk", "created": f.created, "model": f.model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}],
+                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}],
             })
         } else {
             json!({
                 "id": f.id, "object": "text_completion", "created": f.created, "model": f.model,
-                "choices": [{"index": 0, "text": delta, "logprobs": lp, "finish_reason": finish}],
+                "choices": [{"index": index, "text": delta, "logprobs": lp, "finish_reason": finish}],
             })
         };
         if f.include_usage {
@@ -652,7 +746,8 @@ impl EventStream {
         Event::default().data(body.to_string())
     }
 
-    fn on(&mut self, msg: Option<Msg>) {
+    /// Choice `index`'s next message.
+    fn on(&mut self, index: usize, msg: Option<Msg>) {
         if let Some(typed) = &mut self.typed {
             let mut out = Vec::new();
             match msg {
@@ -690,10 +785,10 @@ impl EventStream {
                     if !content.is_empty() || !logprobs.is_empty() {
                         delta["content"] = json!(content);
                     }
-                    let e = self.chunk(delta, None, lp);
+                    let e = self.chunk(index, delta, None, lp);
                     self.pending.push_back(e);
                 } else if !content.is_empty() || !logprobs.is_empty() {
-                    let e = self.chunk(json!(content), None, lp);
+                    let e = self.chunk(index, json!(content), None, lp);
                     self.pending.push_back(e);
                 }
             }
@@ -702,7 +797,7 @@ impl EventStream {
                 let mut c = tool_call_json(index, &call);
                 c["index"] = json!(index);
                 let delta = json!({"tool_calls": [c]});
-                let e = self.chunk(delta, None, None);
+                let e = self.chunk(index, delta, None, None);
                 self.pending.push_back(e);
             }
             Some(Msg::Done {
@@ -711,8 +806,14 @@ impl EventStream {
                 ..
             }) => {
                 let empty = if chat { json!({}) } else { json!("") };
-                let e = self.chunk(empty, Some(finish_reason), None);
+                let e = self.chunk(index, empty, Some(finish_reason), None);
                 self.pending.push_back(e);
+                self.open[index] = false;
+                self.usage.push(usage);
+                if self.open.contains(&true) {
+                    return;
+                }
+                let usage = total_usage(self.usage.iter().copied());
                 if self.format.include_usage {
                     let f = &self.format;
                     let object = if chat {
@@ -758,9 +859,24 @@ impl tokio_stream::Stream for EventStream {
             if self.done {
                 return Poll::Ready(None);
             }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(msg) => self.on(msg),
-                Poll::Pending => return Poll::Pending,
+            // The open choices in turn from `next`; every pending one has registered the waker.
+            let (n, next) = (self.rxs.len(), self.next);
+            let mut ready = None;
+            for i in (0..n).map(|k| (next + k) % n) {
+                if !self.open[i] {
+                    continue;
+                }
+                if let Poll::Ready(msg) = self.rxs[i].poll_recv(cx) {
+                    ready = Some((i, msg));
+                    break;
+                }
+            }
+            match ready {
+                Some((i, msg)) => {
+                    self.next = (i + 1) % n;
+                    self.on(i, msg);
+                }
+                None => return Poll::Pending,
             }
         }
     }
@@ -803,7 +919,7 @@ mod tests {
             tx.send(m).unwrap();
         }
         let p = Planned {
-            rx,
+            rxs: vec![rx],
             keep_alive: std::time::Duration::from_secs(60),
             format,
             stream,

@@ -116,6 +116,7 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
             stop: Vec::new(),
             stream: f.get("stream")?.unwrap_or(false),
             include_usage: false,
+            n: 1,
         },
         messages,
         top_logprobs: None,

@@ -155,7 +155,8 @@ fn bad_requests_get_openai_shaped_400s_naming_the_field() {
     let s = start(config());
     let cases: Vec<(Value, &str)> = vec![
         (json!({"frobnicate": 1}), "frobnicate"),
-        (json!({"n": 2}), "n"),
+        (json!({"n": 0}), "n"),
+        (json!({"n": 17}), "n"),
         (json!({"temperature": "hot"}), "temperature"),
         (json!({"temperature": 3}), "temperature"),
         (json!({"top_p": 0}), "top_p"),
@@ -589,6 +590,67 @@ fn streaming_matches_the_plain_answer_and_reports_usage() {
         }
     }
     assert!((1..=6).contains(&n_lp));
+}
+
+/// `n` choices: choice i is the reply the same request gets alone with seed + i, every choice generated at once;
+/// the usage counts the prompt once and every completion; a stream names each chunk's choice.
+#[test]
+fn n_choices_are_the_replies_of_seed_plus_i() {
+    let s = start(config());
+    let one = json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 12,
+                     "temperature": 1.0, "seed": 11, "logprobs": 2});
+    let mut body = one.clone();
+    body["n"] = json!(3);
+    let r = post(s.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let all = r.json();
+    let choices = all["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut completion_tokens = 0;
+    for (i, c) in choices.iter().enumerate() {
+        let mut alone = one.clone();
+        alone["seed"] = json!(11 + i);
+        let alone = post(s.addr, "/v1/completions", &alone).json();
+        let mut expected = alone["choices"][0].clone();
+        expected["index"] = json!(i);
+        assert_eq!(c, &expected, "choice {i}");
+        completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+        assert_eq!(
+            all["usage"]["prompt_tokens"],
+            alone["usage"]["prompt_tokens"]
+        );
+    }
+    assert_eq!(all["usage"]["completion_tokens"], json!(completion_tokens));
+
+    // Streamed: each choice's role chunk, its text and its finish, and one usage chunk for all.
+    let mut chat = chat_body(json!({"max_tokens": 10, "temperature": 0.8, "seed": 5, "n": 2}));
+    let plain = post(s.addr, "/v1/chat/completions", &chat).json();
+    chat["stream"] = json!(true);
+    chat["stream_options"] = json!({"include_usage": true});
+    let (_, chunks) = stream_chat(s.addr, &chat);
+    for i in 0..2 {
+        let mine: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| c["choices"][0]["index"] == json!(i))
+            .collect();
+        assert_eq!(mine[0]["choices"][0]["delta"]["role"], "assistant");
+        let text: String = mine
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(
+            text,
+            plain["choices"][i]["message"]["content"].as_str().unwrap()
+        );
+        let finish = &mine.last().unwrap()["choices"][0]["finish_reason"];
+        assert_eq!(finish, &plain["choices"][i]["finish_reason"]);
+    }
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    // (The stream's prompt was cached by the plain request: only the cached count differs.)
+    for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][field], plain["usage"][field], "{field}");
+    }
 }
 
 #[test]
