@@ -209,6 +209,7 @@ fn plan_chat_request(s: &AppState, req: api::ChatRequest, kind: Kind) -> Result<
     let prompt = chat_prompt(s, &req, kind)?;
     let default_max = s.cfg.default_max_tokens;
     let format = format(s, kind, &req.common, req.top_logprobs.is_some(), &prompt);
+    check_choices(s, &req.common)?;
     let mut rxs = Vec::with_capacity(req.common.n);
     for choice in 0..req.common.n {
         let (tx, rx) = unbounded_channel();
@@ -338,6 +339,7 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
         req.logprobs.is_some(),
         &prompt,
     );
+    check_choices(s, &req.common)?;
     let mut rxs = Vec::with_capacity(req.common.n);
     for choice in 0..req.common.n {
         let (tx, rx) = unbounded_channel();
@@ -360,6 +362,23 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
         stream: req.common.stream,
         format,
     })
+}
+
+/// More choices than the server runs and queues at once could never all be taken: a 400, not a 429 to retry.
+fn check_choices(s: &AppState, c: &Common) -> Result<(), ApiError> {
+    let cfg = s.sched.config();
+    let room = cfg.max_active + cfg.queue_capacity;
+    if c.n > room {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "'n' is {} but this server takes at most {room} generations at once (--max-active {} plus \
+                 --queue {}); ask for fewer choices",
+                c.n, cfg.max_active, cfg.queue_capacity
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {

@@ -651,6 +651,23 @@ fn n_choices_are_the_replies_of_seed_plus_i() {
     for field in ["prompt_tokens", "completion_tokens", "total_tokens"] {
         assert_eq!(last["usage"][field], plain["usage"][field], "{field}");
     }
+
+    // More choices than the server takes at once: a 400 naming n (a 429 would invite a retry that cannot work).
+    let small = start(deltafin_server::ServerConfig {
+        scheduler: deltafin_engine::SchedulerConfig {
+            max_active: 2,
+            queue_capacity: 1,
+            ..Default::default()
+        },
+        ..config()
+    });
+    let r = assert_rejected(
+        small.addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": "a", "n": 4}),
+        "n",
+    );
+    assert!(r.body.contains("at most 3"), "{}", r.body);
 }
 
 #[test]
