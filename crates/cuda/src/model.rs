@@ -772,6 +772,15 @@ impl CudaModel {
                     if dim % 32 != 0 || dim > 1024 || kern == 0 {
                         bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
                     }
+                    // The recurrence holds a head's state and four of its vectors in shared memory.
+                    let smem = kda_smem(dim);
+                    if smem > gpu.dynamic_smem("kda_recurrence") {
+                        bail!(
+                            "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU \
+                             offers {}: run this model on the CPU",
+                            gpu.dynamic_smem("kda_recurrence")
+                        );
+                    }
                     let w = heads * dim;
                     let mut conv = Vec::with_capacity(3 * w * kern);
                     for p in ["q", "k", "v"] {
@@ -1486,21 +1495,12 @@ impl CudaModel {
             OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
-        // The head's state and four vectors of the head in shared memory.
-        let smem = (dim + 4) * dim * 4;
-        if smem > self.gpu.dynamic_smem("kda_recurrence") {
-            bail!(
-                "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU offers {}: \
-                 run on the CPU (--device cpu)",
-                self.gpu.dynamic_smem("kda_recurrence")
-            );
-        }
         Launch::new(
             &self.gpu,
             "kda_recurrence",
             (heads as u32, 1),
             dim as u32,
-            smem as u32,
+            kda_smem(dim) as u32,
         )
         .p(q)
         .p(kk)
@@ -2159,6 +2159,11 @@ impl CudaModel {
         .parts(lay.parts)
         .go()
     }
+}
+
+/// Dynamic shared memory of a `kda_recurrence` block: the head's state (dim × dim) and four vectors of dim.
+fn kda_smem(dim: usize) -> usize {
+    (dim + 4) * dim * 4
 }
 
 fn ld_mat(ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Linear> {
