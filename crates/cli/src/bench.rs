@@ -469,13 +469,16 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         bound * 1e3,
         bound / step
     );
-    println!(
-        "(medians over {} runs of a {}-token prefill and {} decode steps)",
-        a.runs,
-        prompt.len(),
-        a.tokens
-    );
+    print_runs(a, prompt.len());
     Ok(())
+}
+
+/// The compute benchmarks' last line: what their medians are over.
+fn print_runs(a: &BenchArgs, prompt_len: usize) {
+    println!(
+        "(medians over {} runs of a {prompt_len}-token prefill and {} decode steps)",
+        a.runs, a.tokens
+    );
 }
 
 /// The compute benchmarks' 64-token prompt.
@@ -596,11 +599,6 @@ fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
         bound * 1e3,
         step / bound
     );
-    println!(
-        "(medians over {} runs of a {}-token prefill and {} decode steps)",
-        a.runs,
-        prompt.len(),
-        a.tokens
-    );
+    print_runs(a, prompt.len());
     Ok(())
 }

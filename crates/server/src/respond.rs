@@ -209,23 +209,14 @@ fn plan_chat_request(s: &AppState, req: api::ChatRequest, kind: Kind) -> Result<
     let prompt = chat_prompt(s, &req, kind)?;
     let default_max = s.cfg.default_max_tokens;
     let format = format(s, kind, &req.common, req.top_logprobs.is_some(), &prompt);
-    check_choices(s, &req.common)?;
-    let mut rxs = Vec::with_capacity(req.common.n);
-    for choice in 0..req.common.n {
-        let (tx, rx) = unbounded_channel();
-        let sink = chat_sink(s, &req, tx)?;
-        let c = &req.common;
-        submit(
-            s,
-            &prompt,
-            c,
-            choice,
-            default_max,
-            req.top_logprobs,
-            Box::new(sink),
-        )?;
-        rxs.push(rx);
-    }
+    let rxs = submit_choices(
+        s,
+        &prompt,
+        &req.common,
+        default_max,
+        req.top_logprobs,
+        |tx| chat_sink(s, &req, tx),
+    )?;
     Ok(Planned {
         rxs,
         keep_alive: s.cfg.keep_alive,
@@ -339,23 +330,10 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
         req.logprobs.is_some(),
         &prompt,
     );
-    check_choices(s, &req.common)?;
-    let mut rxs = Vec::with_capacity(req.common.n);
-    for choice in 0..req.common.n {
-        let (tx, rx) = unbounded_channel();
+    let rxs = submit_choices(s, &prompt, &req.common, 16, req.logprobs, |tx| {
         let (tok, ids) = (s.tokenizer.clone(), s.stop_ids.clone());
-        let sink = ChannelSink::completion(tok, &req.common.stop, ids, tx);
-        submit(
-            s,
-            &prompt,
-            &req.common,
-            choice,
-            16,
-            req.logprobs,
-            Box::new(sink),
-        )?;
-        rxs.push(rx);
-    }
+        Ok(ChannelSink::completion(tok, &req.common.stop, ids, tx))
+    })?;
     Ok(Planned {
         rxs,
         keep_alive: s.cfg.keep_alive,
@@ -364,8 +342,17 @@ fn plan_completion(s: &AppState, b: Result<Bytes, BytesRejection>) -> Result<Pla
     })
 }
 
-/// More choices than the server runs and queues at once could never all be taken: a 400, not a 429 to retry.
-fn check_choices(s: &AppState, c: &Common) -> Result<(), ApiError> {
+/// Queues the request's `n` choices, each replying through the sink `sink` makes of its channel; their
+/// receivers, in choice order. More choices than the server runs and queues at once could never all be taken:
+/// a 400, not a 429 to retry.
+fn submit_choices(
+    s: &AppState,
+    prompt: &[u32],
+    c: &Common,
+    default_max: usize,
+    top_logprobs: Option<usize>,
+    sink: impl Fn(UnboundedSender<Msg>) -> Result<ChannelSink, ApiError>,
+) -> Result<Vec<UnboundedReceiver<Msg>>, ApiError> {
     let cfg = s.sched.config();
     let room = cfg.max_active + cfg.queue_capacity;
     if c.n > room {
@@ -378,7 +365,21 @@ fn check_choices(s: &AppState, c: &Common) -> Result<(), ApiError> {
             ),
         ));
     }
-    Ok(())
+    let mut rxs = Vec::with_capacity(c.n);
+    for choice in 0..c.n {
+        let (tx, rx) = unbounded_channel();
+        submit(
+            s,
+            prompt,
+            c,
+            choice,
+            default_max,
+            top_logprobs,
+            Box::new(sink(tx)?),
+        )?;
+        rxs.push(rx);
+    }
+    Ok(rxs)
 }
 
 fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
