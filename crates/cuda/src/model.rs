@@ -523,9 +523,7 @@ impl Backend for CudaModel {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        for p in batch.iter() {
-            deltafin_models::check_tokens(&self.cfg, p.tokens)?;
-        }
+        deltafin_models::check_batch(&self.cfg, batch)?;
         // A server runs passes on its own worker thread: the context must be current there.
         self.gpu
             .ctx
@@ -1235,11 +1233,7 @@ impl CudaModel {
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<(u64, usize)> {
-        let tokens: Vec<u32> = batch
-            .iter()
-            .flat_map(|p| p.tokens.iter().copied())
-            .collect();
-        let tokens = tokens.as_slice();
+        let tokens = &deltafin_models::batch_tokens(batch)[..];
         let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
         let tok = self.stage(a, tokens)?;
         // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving

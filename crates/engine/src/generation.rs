@@ -305,25 +305,19 @@ impl<B: Backend> Generation<B> {
         draft: &mut Draft<D>,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<Planned<B::Session>>> {
-        let (tokens, t0) = (planned.tokens, planned.t0);
         let before = match planned.kind {
-            Kind::Prefill | Kind::Token => {
-                let plain = Planned {
-                    tokens,
-                    rows: planned.rows,
-                    kind: planned.kind,
-                    t0,
-                };
-                self.apply(plain, logits, vocab);
+            kind @ (Kind::Prefill | Kind::Token) => {
+                self.apply(Planned { kind, ..planned }, logits, vocab);
                 return Ok(None);
             }
             Kind::Rerun => {
                 self.last = Some(logits);
-                self.checked(&tokens, draft, t0)?;
+                self.checked(&planned.tokens, draft, planned.t0)?;
                 return Ok(None);
             }
             Kind::Check(before) => before,
         };
+        let (tokens, t0) = (planned.tokens, planned.t0);
         let guesses = &tokens[1..];
         let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
         let mut fed = vec![tokens[0]];

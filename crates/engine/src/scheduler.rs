@@ -273,6 +273,16 @@ struct InPass<B: Backend> {
     plan: Planned<B::Session>,
 }
 
+/// What a job does with each token it chooses: counts it and hands it to the sink, with its log-probabilities
+/// when the job asked for them.
+fn token_callback<'a>(c: &'a Counters, job: &'a mut Job) -> impl FnMut(u32, &[f32]) -> Flow + 'a {
+    let (sink, top) = (&mut job.sink, job.top_logprobs);
+    move |token, logits| {
+        c.completion_tokens.fetch_add(1, Ordering::Relaxed);
+        sink.token(token, top.map(|n| logprobs(logits, token, n)))
+    }
+}
+
 enum Outcome {
     Running,
     /// Finished normally (its state can go to the prefix cache).
@@ -433,11 +443,7 @@ impl<B: Backend> Worker<B> {
             }
             let was_prefilled = a.gen.prefilled();
             let plan = catch_unwind(AssertUnwindSafe(|| {
-                let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
-                let on_token = |token: u32, logits: &[f32]| {
-                    c.completion_tokens.fetch_add(1, Ordering::Relaxed);
-                    sink.token(token, top.map(|n| logprobs(logits, token, n)))
-                };
+                let on_token = token_callback(c, &mut a.job);
                 let chunk = shared.cfg.prefill_chunk;
                 match &mut a.draft {
                     Some(d) => a.gen.plan_speculative(&*model, d, chunk, on_token),
@@ -513,11 +519,7 @@ impl<B: Backend> Worker<B> {
                 None => {
                     let l = logits.next().expect("one result a pass");
                     catch_unwind(AssertUnwindSafe(|| {
-                        let (sink, top) = (&mut a.job.sink, a.job.top_logprobs);
-                        let on_token = |token: u32, logits: &[f32]| {
-                            c.completion_tokens.fetch_add(1, Ordering::Relaxed);
-                            sink.token(token, top.map(|n| logprobs(logits, token, n)))
-                        };
+                        let on_token = token_callback(c, &mut a.job);
                         match &mut a.draft {
                             Some(d) => a.gen.apply_speculative(plan, l, vocab, d, on_token),
                             None => {

@@ -83,6 +83,14 @@ impl<S> Pass<'_, S> {
     }
 }
 
+/// A batched pass's rows: every session's tokens in batch order.
+pub fn batch_tokens<S>(batch: &[Pass<'_, S>]) -> Vec<u32> {
+    batch
+        .iter()
+        .flat_map(|p| p.tokens.iter().copied())
+        .collect()
+}
+
 /// A batched pass's logits (`[rows, vocab]`, each session's logit rows in batch order) split into each
 /// session's. Cut from the back, so the first session keeps the buffer itself (a batch of one copies nothing).
 pub fn split_rows<S>(mut logits: Vec<f32>, vocab: usize, batch: &[Pass<'_, S>]) -> Vec<Vec<f32>> {

@@ -15,7 +15,7 @@ pub mod spine;
 pub mod weights;
 
 use anyhow::{bail, Result};
-pub use backend::{split_rows, Backend, Pass};
+pub use backend::{batch_tokens, split_rows, Backend, Pass};
 use blocks::LayerState;
 use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
@@ -31,14 +31,6 @@ use std::sync::Arc;
 pub enum LogitRows {
     All,
     Last,
-}
-
-/// A batched pass's rows: every session's tokens in batch order.
-fn batch_tokens(batch: &[Pass<'_, Session>]) -> Vec<u32> {
-    batch
-        .iter()
-        .flat_map(|p| p.tokens.iter().copied())
-        .collect()
 }
 
 /// The rows of `h` (`[rows, hd]`, the batch's rows in order) that need logits: each session's last row, or all
@@ -176,9 +168,7 @@ impl Backend for Model {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        for p in batch.iter() {
-            check_tokens(self.config(), p.tokens)?;
-        }
+        check_batch(self.config(), batch)?;
         on_pool(|| match self {
             Model::KimiK3(m) => m.forward(batch, stats),
             Model::KimiLinear(m) => m.forward(batch, stats),
@@ -211,16 +201,18 @@ fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
-/// What every backend's forward pass requires of its tokens.
-pub fn check_tokens(cfg: &ModelConfig, tokens: &[u32]) -> Result<()> {
-    if tokens.is_empty() {
-        bail!("a forward pass needs at least one token");
-    }
-    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        bail!(
-            "token id {t} is outside the vocabulary (size {})",
-            cfg.vocab_size
-        );
+/// What every backend's forward pass requires of each session's tokens in a batch.
+pub fn check_batch<S>(cfg: &ModelConfig, batch: &[Pass<'_, S>]) -> Result<()> {
+    for p in batch {
+        if p.tokens.is_empty() {
+            bail!("a forward pass needs at least one token");
+        }
+        if let Some(&t) = p.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!(
+                "token id {t} is outside the vocabulary (size {})",
+                cfg.vocab_size
+            );
+        }
     }
     Ok(())
 }
