@@ -538,13 +538,14 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
     for (int i = 0; i < dim; i++) Sh[(size_t)i * dim + j] = Ss[i * dim + j];
 }
 
-// MLA: normalise each row's latent into the cache at position start + t and copy its k_pe.
-extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, int start,
+// MLA: normalise each row's latent into the cache at position *pos + t and copy its k_pe. The position is read
+// from device memory (the pass's uploaded header), so a replayed decode graph appends where the session is.
+extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, const u32* pos,
                                       int n, int kvl, int rope, float eps) {
     pdl_launch_next();
     pdl_wait();
     __shared__ float inv;
-    int t = blockIdx.x;
+    int t = blockIdx.x, start = (int)*pos;
     const float* row = c + (size_t)t * (kvl + rope);
     if (threadIdx.x < 32) {
         float ss = warp_dot(row, row, kvl, threadIdx.x);
@@ -585,8 +586,9 @@ __device__ float thread_dot(const float* a, const float* b, int len) {
 }
 
 // Absorbed MLA for one (row t, head): q_lat = W_UKᵀ q_nope; p_s = softmax((q_lat·lat_s + q_pe·pe_s)·scale) over
-// s ≤ start + t; ctx = Σ p_s lat_s; out = W_UV ctx, times sigmoid(gate) where the layer has an output gate
-// ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap], shared: q_lat and
+// s ≤ *pos + t; ctx = Σ p_s lat_s; out = W_UV ctx, times sigmoid(gate) where the layer has an output gate
+// ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap] (ctx_cap: the
+// cache's capacity, so a replayed decode graph's scratch holds every position it reaches), shared: q_lat and
 // ctx (2·kvl floats). MLA_THREADS threads. At one row the block is a chain of steps, each arranged to wait as few
 // load round trips as it can: the head's weights are fetched into L2 before the wait, a position's score is one
 // thread's (thread_dot), and positions go in chunks of the block, whose softmax terms the serial sum and ctx
@@ -594,7 +596,7 @@ __device__ float thread_dot(const float* a, const float* b, int len) {
 #define MLA_THREADS 512
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all, int ctx_cap,
-               const float* gate, float* out, int n, int heads, int nope, int rope, int dv, int kvl, int start,
+               const float* gate, float* out, int n, int heads, int nope, int rope, int dv, int kvl, const u32* pos,
                float scale) {
     pdl_launch_next();
     extern __shared__ float sh[];
@@ -618,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
         ctx[cc] = 0.0f;
     }
     __syncthreads();
-    int upto = start + t + 1;
+    int upto = (int)*pos + t + 1;
     float* p = p_all + (size_t)blockIdx.x * ctx_cap;
     // Scores and their maximum (fmaxf in any order gives the serial maximum, up to the sign of a zero, which
     // no p_s − max distinguishes).

@@ -8,7 +8,7 @@ use crate::plan::{
     MIX_VALUES,
 };
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{result as cu, sys, CudaEvent};
+use cudarc::driver::{result as cu, sys, CudaEvent, CudaGraph};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
@@ -370,6 +370,8 @@ pub struct CudaModel {
     /// stream's wait takes the event as last recorded when it is issued): no event made and destroyed a layer.
     fork: CudaEvent,
     join: CudaEvent,
+    /// Why decode steps run without graphs, once a capture failed (the driver may not capture every launch).
+    graphs_off: Mutex<Option<String>>,
 }
 
 /// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
@@ -402,6 +404,51 @@ struct Streamed {
 pub struct CudaSession {
     layers: Vec<State>,
     pos: usize,
+    /// Its one-row resident pass, captured at its first decode step and replayed after (see `DecodeGraph`).
+    graph: Option<DecodeGraph>,
+}
+
+/// A session's decode step as a CUDA graph: the whole pass launched at once, so the GPU never waits on the host
+/// issuing it and runs its kernels back to back. What changes between steps (the token, the position) is read by
+/// the kernels from the pass's header, which a replay rewrites in the page-locked upload area before the launch;
+/// everything else the graph holds (scratch, session state, upload area) is in its key.
+struct DecodeGraph {
+    graph: CudaGraph,
+    key: GraphKey,
+    /// The logits' device address and length.
+    logits: (u64, usize),
+}
+
+#[derive(PartialEq, Eq, Clone, Copy, Default)]
+struct GraphKey {
+    scratch: u64,
+    upload: usize,
+    /// The MLA caches' capacity (growing reallocates them).
+    cap: usize,
+}
+
+// SAFETY: a graph is used only through its session, which a pass holds mutably (never two threads at once).
+unsafe impl Send for DecodeGraph {}
+
+impl CudaSession {
+    /// The positions its MLA caches hold (0 without MLA layers).
+    fn mla_cap(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|st| match st {
+                State::Mla { cap, .. } => *cap,
+                State::Kda { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A pass's header, uploaded first: every row's token, then each session's position.
+fn header(batch: &[Pass<'_, CudaSession>]) -> Vec<u32> {
+    let mut h = deltafin_models::batch_tokens(batch);
+    h.extend(batch.iter().map(|p| p.session.pos as u32));
+    h
 }
 
 enum State {
@@ -481,7 +528,14 @@ impl Backend for CudaModel {
 
     /// The GPU's name and compute capability.
     fn kernels(&self) -> String {
-        format!("{} (sm_{}{})", self.gpu.name, self.gpu.sm.0, self.gpu.sm.1)
+        let off = self.graphs_off.lock().unwrap();
+        let graphs = off.as_ref().map_or(String::new(), |why| {
+            format!(", decode steps without graphs: {why}")
+        });
+        format!(
+            "{} (sm_{}{}){graphs}",
+            self.gpu.name, self.gpu.sm.0, self.gpu.sm.1
+        )
     }
 
     fn reports_layers(&self) -> bool {
@@ -510,7 +564,11 @@ impl Backend for CudaModel {
                 }
             })
             .collect::<Result<_>>()?;
-        Ok(CudaSession { layers, pos: 0 })
+        Ok(CudaSession {
+            layers,
+            pos: 0,
+            graph: None,
+        })
     }
 
     /// One pass over every session's rows: each runs attention on its own state, the rest of the layer on
@@ -531,27 +589,41 @@ impl Backend for CudaModel {
             .map_err(|e| anyhow!("{e:?}"))?;
         let t0 = Instant::now();
         let n: usize = batch.iter().map(|p| p.tokens.len()).sum();
-        let max_pos = batch.iter().map(|p| p.session.pos).max().unwrap_or(0);
+        for p in batch.iter_mut() {
+            self.reserve(p.session, p.tokens.len())?;
+        }
+        let cap = batch.iter().map(|p| p.session.mla_cap()).max().unwrap_or(0);
         let mut arena = self.arena.lock().unwrap();
-        self.size_arena(&mut arena, n, max_pos)?;
+        self.size_arena(&mut arena, n, cap)?;
         let mut held = Vec::new();
         if let Some(t) = &self.gpu.timeline {
             t.begin();
             self.gpu.htod_sync(t.count, &[0u32])?;
         }
-        self.gpu.record(&self.span[0])?;
-        let result = self
-            .pass(&arena, batch, stats, &mut held)
-            .and_then(|(logits, len)| {
-                self.gpu.record(&self.span[1])?;
-                self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
-                let out = self.gpu.dtoh(logits, len)?;
-                let ms = self.span[0]
-                    .elapsed_ms(&self.span[1])
-                    .map_err(|e| anyhow!("{e:?}"))?;
-                self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
-                Ok(out)
-            });
+        // One session's one row with every expert resident (a decode step): its graph. The timeline's notes and
+        // streamed layers' copies are issued per pass, so those passes are not captured.
+        let graphed = n == 1
+            && self.direct.is_some()
+            && self.streamed.is_none()
+            && self.gpu.timeline.is_none()
+            && self.graphs_off.lock().unwrap().is_none();
+        let issued = if graphed {
+            self.decode_graph(&arena, &mut batch[0], stats)
+        } else {
+            self.gpu
+                .record(&self.span[0])
+                .and_then(|()| self.pass(&arena, batch, stats, &mut held))
+        };
+        let result = issued.and_then(|(logits, len)| {
+            self.gpu.record(&self.span[1])?;
+            self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
+            let out = self.gpu.dtoh(logits, len)?;
+            let ms = self.span[0]
+                .elapsed_ms(&self.span[1])
+                .map_err(|e| anyhow!("{e:?}"))?;
+            self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
+            Ok(out)
+        });
         // Every asynchronous copy from host memory has completed once the logits came back (or on error here).
         // Once they came back, the compute stream is done and with it the side stream's work (joined into it);
         // the copy and prep streams had work only if the pass copied.
@@ -563,12 +635,15 @@ impl Backend for CudaModel {
         }
         drop(held);
         let out = result?;
-        // A pass of several resident rows counted its layers' experts on the device.
-        if arena.groups.get() != 0 {
+        // Resident experts are counted here: a decode step's are top_k a layer (the pass may be a graph's
+        // replay, which issues nothing); a pass of several rows counted its layers' on the device.
+        let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
+        if self.direct.is_some() && n == 1 {
+            self.count_uses(stats, moe.count() * self.cfg.moe.top_k, true);
+        } else if arena.groups.get() != 0 {
             let counts = self
                 .gpu
                 .dtoh::<i32>(arena.groups.get(), self.cfg.num_layers)?;
-            let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
             self.count_uses(stats, moe.map(|l| counts[l] as usize).sum(), true);
         }
         // A decode step's notes (a longer pass's blocks may wait more than once).
@@ -615,6 +690,7 @@ impl Backend for CudaModel {
         Ok(CudaSession {
             layers,
             pos: session.pos,
+            graph: None,
         })
     }
 
@@ -956,6 +1032,7 @@ impl CudaModel {
         let (fork, join) = (untimed()?, untimed()?);
         let mut model = CudaModel {
             span,
+            graphs_off: Mutex::new(None),
             fork,
             join,
             gpu,
@@ -1030,7 +1107,8 @@ impl CudaModel {
         self.gpu.upload(&vec![0.0f32; n.max(1)])
     }
 
-    fn size_arena(&self, arena: &mut Arena, n: usize, pos: usize) -> Result<()> {
+    /// Sizes the pass's scratch and upload area for `n` rows of sessions whose MLA caches hold `cap` positions.
+    fn size_arena(&self, arena: &mut Arena, n: usize, cap: usize) -> Result<()> {
         let c = &self.cfg;
         let (hd, w) = (c.hidden, c.kda.heads * c.kda.head_dim);
         let m = &c.mla;
@@ -1045,7 +1123,7 @@ impl CudaModel {
                 + m.q_lora_rank.unwrap_or(0)
                 + m.kv_lora_rank
                 + m.qk_rope_head_dim
-                + m.heads * (pos + n)
+                + m.heads * cap
                 + c.moe.num_experts
                 + 2 * lay.width
                 + c.moe.top_k * (lay.inter + lay.width + 8)
@@ -1065,7 +1143,7 @@ impl CudaModel {
         // 16-byte-rounded tables) and the combine's entries.
         let e = c.moe.num_experts;
         let host_need = 16
-            + 4 * n
+            + 8 * n
             + c.num_layers
                 * (e * (3 * 16 + 16) + 2 * 16 + n * c.moe.top_k * 12 + 8 * n * c.moe.top_k);
         if arena.host.as_ref().is_none_or(|h| h.bytes < host_need) {
@@ -1233,9 +1311,15 @@ impl CudaModel {
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<(u64, usize)> {
-        let tokens = &deltafin_models::batch_tokens(batch)[..];
-        let (n, hd, eps) = (tokens.len(), self.cfg.hidden, self.cfg.rms_norm_eps);
-        let tok = self.stage(a, tokens)?;
+        let header = header(batch);
+        let (n, hd, eps) = (
+            header.len() - batch.len(),
+            self.cfg.hidden,
+            self.cfg.rms_norm_eps,
+        );
+        // First in the upload area, where a decode graph's replay rewrites it (`decode_graph`).
+        let tok = self.stage(a, &header)?;
+        let pos = tok + 4 * n as u64;
         // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
         // h on to the next slot (no copy).
         let block = self.cfg.attn_res_block;
@@ -1298,7 +1382,7 @@ impl CudaModel {
                         ..Mm::default()
                     };
                     let norm = (layer.input_norm.ptr(), eps);
-                    self.attention_batch(a, &layer.attn, mixed, norm, batch, l, h, out)?;
+                    self.attention_batch(a, &layer.attn, mixed, norm, batch, pos, l, h, out)?;
                     let m = a.f32s(n * hd)?;
                     let res = layer.mlp_res.as_ref().expect("K3");
                     self.mix(anchors, na, h, res, m, n, Some(&layer.post_norm))?;
@@ -1311,7 +1395,7 @@ impl CudaModel {
                         ..Mm::default()
                     };
                     let norm = (layer.input_norm.ptr(), eps);
-                    self.attention_batch(a, &layer.attn, h, norm, batch, l, h, out)?;
+                    self.attention_batch(a, &layer.attn, h, norm, batch, pos, l, h, out)?;
                     let m = a.f32s(n * hd)?;
                     self.rms(h, layer.post_norm.ptr(), m, n, hd, eps)?;
                     self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
@@ -1373,7 +1457,7 @@ impl CudaModel {
     }
 
     /// Layer `l`'s attention for every session's rows (`x`, `y`: `[rows, hidden]`, the sessions' rows in batch
-    /// order), each on its own state.
+    /// order), each on its own state; `pos`: the sessions' positions on the device (the header's).
     #[allow(clippy::too_many_arguments)]
     fn attention_batch(
         &self,
@@ -1382,15 +1466,17 @@ impl CudaModel {
         x: u64,
         norm: (u64, f32),
         batch: &mut [Pass<'_, CudaSession>],
+        pos: u64,
         l: usize,
         y: u64,
         out: Mm,
     ) -> Result<()> {
         let row = (4 * self.cfg.hidden) as u64;
         let mut r0 = 0u64;
-        for p in batch.iter_mut() {
-            let (n, pos) = (p.tokens.len(), p.session.pos);
+        for (i, p) in batch.iter_mut().enumerate() {
+            let n = p.tokens.len();
             let st = &mut p.session.layers[l];
+            let pos = pos + 4 * i as u64;
             self.attention(a, attn, x + r0 * row, norm, n, st, pos, y + r0 * row, out)?;
             r0 += n as u64;
         }
@@ -1421,7 +1507,7 @@ impl CudaModel {
     }
 
     /// The attention block of RMS(x) (`norm`: its weights and eps), its output projection into `y` (see
-    /// [`Mm`]).
+    /// [`Mm`]); `pos`: the session's position on the device.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -1430,8 +1516,8 @@ impl CudaModel {
         x: u64,
         norm: (u64, f32),
         n: usize,
-        st: &mut State,
-        pos: usize,
+        st: &State,
+        pos: u64,
         y: u64,
         out: Mm,
     ) -> Result<()> {
@@ -1441,23 +1527,101 @@ impl CudaModel {
                 self.mm_into(&k.o, o, y, n, out)
             }
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
-                if pos + n > *cap {
-                    // Grow the latent cache (rare: doubling), keeping what it holds.
-                    let new_cap = (pos + n).next_power_of_two();
-                    let (nl, np) = (self.zeros(new_cap * m.kvl)?, self.zeros(new_cap * m.rope)?);
-                    self.gpu.dtod(nl.ptr, lat.ptr, 4 * pos * m.kvl)?;
-                    self.gpu.dtod(np.ptr, pe.ptr, 4 * pos * m.rope)?;
-                    self.gpu
-                        .stream
-                        .synchronize()
-                        .map_err(|e| anyhow!("{e:?}"))?;
-                    (*lat, *pe, *cap) = (nl, np, new_cap);
-                }
-                let o = self.mla(a, m, x, norm, n, lat.ptr, pe.ptr, pos)?;
+                let o = self.mla(a, m, x, norm, n, (lat.ptr, pe.ptr, *cap), pos)?;
                 self.mm_into(&m.o, o, y, n, out)
             }
             _ => unreachable!("a session's states are made by the same model's layers"),
         }
+    }
+
+    /// Grows `session`'s MLA caches (doubling, keeping what they hold) so that `n` more tokens fit. Before the
+    /// pass: its issue (and a graph's capture) cannot allocate or synchronise.
+    fn reserve(&self, session: &mut CudaSession, n: usize) -> Result<()> {
+        let (pos, need) = (session.pos, session.pos + n);
+        for (layer, st) in self.layers.iter().zip(&mut session.layers) {
+            let (Attn::Mla(m), State::Mla { lat, pe, cap }) = (&layer.attn, st) else {
+                continue;
+            };
+            if need > *cap {
+                let new_cap = need.next_power_of_two();
+                let (nl, np) = (self.zeros(new_cap * m.kvl)?, self.zeros(new_cap * m.rope)?);
+                self.gpu.dtod(nl.ptr, lat.ptr, 4 * pos * m.kvl)?;
+                self.gpu.dtod(np.ptr, pe.ptr, 4 * pos * m.rope)?;
+                self.gpu
+                    .stream
+                    .synchronize()
+                    .map_err(|e| anyhow!("{e:?}"))?;
+                (*lat, *pe, *cap) = (nl, np, new_cap);
+            }
+        }
+        Ok(())
+    }
+
+    /// A decode step through its session's graph, captured now if the session has none that fits this pass's
+    /// scratch, upload area and caches, then launched. A replay only rewrites the header (the token and the
+    /// position) where the capture's upload reads it. Returns the logits' address and length, like `pass`. A
+    /// capture the driver refuses turns graphs off for the model (the step then runs as a plain pass).
+    fn decode_graph(
+        &self,
+        a: &Arena,
+        pass: &mut Pass<'_, CudaSession>,
+        stats: &Stats,
+    ) -> Result<(u64, usize)> {
+        let key = GraphKey {
+            scratch: a.buf.as_ref().expect("sized at pass start").ptr,
+            upload: a.host.as_ref().expect("sized at pass start").ptr as usize,
+            cap: pass.session.mla_cap(),
+        };
+        match &pass.session.graph {
+            Some(g) if g.key == key => {
+                self.put(a, &header(std::slice::from_ref(pass)))?;
+            }
+            _ => {
+                pass.session.graph = None;
+                let captured = self.capture(a, pass, stats);
+                match captured {
+                    Ok(graph) => pass.session.graph = Some(DecodeGraph { key, ..graph }),
+                    Err(e) => {
+                        *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
+                        a.off.set(0);
+                        a.host_off.set(0);
+                        self.gpu.record(&self.span[0])?;
+                        return self.pass(a, std::slice::from_mut(pass), stats, &mut Vec::new());
+                    }
+                }
+            }
+        }
+        let g = pass.session.graph.as_ref().expect("captured above");
+        self.gpu.record(&self.span[0])?;
+        g.graph
+            .launch()
+            .map_err(|e| anyhow!("launching the decode graph: {e:?}"))?;
+        Ok(g.logits)
+    }
+
+    /// The one-row pass captured as a graph (not run).
+    fn capture(
+        &self,
+        a: &Arena,
+        pass: &mut Pass<'_, CudaSession>,
+        stats: &Stats,
+    ) -> Result<DecodeGraph> {
+        let stream = &self.gpu.stream;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?;
+        let issued = self.pass(a, std::slice::from_mut(pass), stats, &mut Vec::new());
+        // The capture ends whatever the issue did, so the stream is usable again.
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let logits = issued?;
+        let graph = graph
+            .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?
+            .ok_or_else(|| anyhow!("capturing a decode step: the graph is empty"))?;
+        Ok(DecodeGraph {
+            graph,
+            key: GraphKey::default(),
+            logits,
+        })
     }
 
     /// KDA of RMS(x) up to its output projection (the gated, normalised heads).
@@ -1529,9 +1693,8 @@ impl CudaModel {
         x: u64,
         norm: (u64, f32),
         n: usize,
-        lat: u64,
-        pe: u64,
-        pos: usize,
+        (lat, pe, cap): (u64, u64, usize),
+        pos: u64,
     ) -> Result<u64> {
         let mut parts = vec![m.q.first(), &m.kv_a];
         parts.extend(m.gate.as_ref());
@@ -1552,14 +1715,13 @@ impl CudaModel {
             .p(m.kv_norm.ptr())
             .p(lat)
             .p(pe)
-            .i(pos)
+            .p(pos)
             .i(n)
             .i(m.kvl)
             .i(m.rope)
             .f(m.eps)
             .go()?;
-        let ctx = pos + n;
-        let p = a.f32s(n * m.heads * ctx)?;
+        let p = a.f32s(n * m.heads * cap)?;
         let attn = a.f32s(n * m.heads * m.dv)?;
         let scale = 1.0 / ((m.nope + m.rope) as f32).sqrt();
         Launch::new(
@@ -1574,7 +1736,7 @@ impl CudaModel {
         .p(lat)
         .p(pe)
         .p(p)
-        .i(ctx)
+        .i(cap)
         .p(m.gate.as_ref().map_or(0, |_| y[2]))
         .p(attn)
         .i(n)
@@ -1583,7 +1745,7 @@ impl CudaModel {
         .i(m.rope)
         .i(m.dv)
         .i(m.kvl)
-        .i(pos)
+        .p(pos)
         .f(scale)
         .go()?;
         Ok(attn)
@@ -1700,7 +1862,6 @@ impl CudaModel {
                 let act = a.f32s(top_k * lay.inter)?;
                 let y = a.f32s(top_k * lay.width)?;
                 self.launch_experts(top_k, 1, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
-                self.count_uses(stats, top_k, true);
                 (d.seq.ptr, y)
             }
             Some(_) => {
@@ -2032,6 +2193,14 @@ impl CudaModel {
 
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
     fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
+        let src = self.put(a, v)?;
+        let dst = a.take(src.len().max(4))?;
+        self.gpu.htod_async(dst, src)?;
+        Ok(dst)
+    }
+
+    /// Writes `v` into the pass's upload area (bumped) and returns where it lies there.
+    fn put<'a, T: Copy>(&self, a: &'a Arena, v: &[T]) -> Result<&'a [u8]> {
         let bytes = std::mem::size_of_val(v);
         let host = a.host.as_ref().expect("sized at pass start");
         let at = a.host_off.get();
@@ -2042,16 +2211,13 @@ impl CudaModel {
             );
         }
         a.host_off.set(at + bytes.div_ceil(16) * 16);
-        // SAFETY: `at + bytes` is inside the allocation; no copy reads this range before the one issued below
+        // SAFETY: `at + bytes` is inside the allocation; no copy reads this range before the caller issues one
         // (the area is bumped, and reset only after the pass has synchronised).
-        let src = unsafe {
+        Ok(unsafe {
             let p = host.ptr.add(at);
             std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, p, bytes);
             std::slice::from_raw_parts(p, bytes)
-        };
-        let dst = a.take(bytes.max(4))?;
-        self.gpu.htod_async(dst, src)?;
-        Ok(dst)
+        })
     }
 
     /// Stages one group's tables (record pointers, row offsets, rows) and launches its experts.
@@ -2281,4 +2447,39 @@ fn open_store(
     };
     let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
     Ok((Arc::new(store), layout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_models::LogitRows;
+
+    fn session(pos: usize) -> CudaSession {
+        CudaSession {
+            layers: Vec::new(),
+            pos,
+            graph: None,
+        }
+    }
+
+    /// The kernels find row t's token at header[t] and session i's position at header[rows + i]; a decode
+    /// graph's replay writes the same layout.
+    #[test]
+    fn a_pass_header_holds_every_rows_token_then_each_sessions_position() {
+        let (mut a, mut b) = (session(7), session(40));
+        let batch = [
+            Pass {
+                session: &mut a,
+                tokens: &[5],
+                rows: LogitRows::Last,
+            },
+            Pass {
+                session: &mut b,
+                tokens: &[1, 2, 3],
+                rows: LogitRows::All,
+            },
+        ];
+        assert_eq!(header(&batch), vec![5, 1, 2, 3, 7, 40]);
+        assert_eq!(session(3).mla_cap(), 0, "no MLA layers, no cache");
+    }
 }
