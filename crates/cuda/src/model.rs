@@ -8,7 +8,7 @@ use crate::plan::{
     MIX_VALUES,
 };
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{result as cu, sys, CudaEvent, CudaGraph};
+use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaGraph};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
@@ -417,9 +417,18 @@ struct DecodeGraph {
     key: GraphKey,
     /// The logits' device address and length.
     logits: (u64, usize),
+    ctx: Arc<CudaContext>,
 }
 
-#[derive(PartialEq, Eq, Clone, Copy, Default)]
+impl Drop for DecodeGraph {
+    fn drop(&mut self) {
+        // The graph (a field) is destroyed next: with the context current on whichever thread drops the session,
+        // as a pass makes it (a failed destroy would be reported by the context's next call).
+        let _ = self.ctx.bind_to_thread();
+    }
+}
+
+#[derive(PartialEq, Eq, Clone, Copy)]
 struct GraphKey {
     scratch: u64,
     upload: usize,
@@ -1578,9 +1587,8 @@ impl CudaModel {
             }
             _ => {
                 pass.session.graph = None;
-                let captured = self.capture(a, pass, stats);
-                match captured {
-                    Ok(graph) => pass.session.graph = Some(DecodeGraph { key, ..graph }),
+                match self.capture(a, pass, stats, key) {
+                    Ok(graph) => pass.session.graph = Some(graph),
                     Err(e) => {
                         *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
                         a.off.set(0);
@@ -1605,6 +1613,7 @@ impl CudaModel {
         a: &Arena,
         pass: &mut Pass<'_, CudaSession>,
         stats: &Stats,
+        key: GraphKey,
     ) -> Result<DecodeGraph> {
         let stream = &self.gpu.stream;
         stream
@@ -1619,8 +1628,9 @@ impl CudaModel {
             .ok_or_else(|| anyhow!("capturing a decode step: the graph is empty"))?;
         Ok(DecodeGraph {
             graph,
-            key: GraphKey::default(),
+            key,
             logits,
+            ctx: self.gpu.ctx.clone(),
         })
     }
 
