@@ -250,12 +250,7 @@ fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{command:?}: {stderr}");
-        assert!(
-            stderr.starts_with("error: --device cuda: CUDA is unavailable: "),
-            "{command:?}: {stderr}"
-        );
+        assert_cuda_unavailable(&out, &format!("{command:?}"));
     }
     // The GPU benchmark says so before it creates its 10 GB model.
     let cache = tempfile::tempdir().unwrap();
@@ -264,13 +259,18 @@ fn without_cuda_every_command_that_generates_says_why_it_cannot_use_the_gpu() {
         .arg(cache.path())
         .output()
         .unwrap();
+    assert_cuda_unavailable(&out, "bench --compute");
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+}
+
+/// `what` failed (exit 1) saying that CUDA is unavailable.
+fn assert_cuda_unavailable(out: &std::process::Output, what: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
     assert!(
         stderr.starts_with("error: --device cuda: CUDA is unavailable: "),
-        "{stderr}"
+        "{what}: {stderr}"
     );
-    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
 }
 
 #[test]

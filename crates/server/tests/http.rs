@@ -653,14 +653,7 @@ fn n_choices_are_the_replies_of_seed_plus_i() {
     }
 
     // More choices than the server takes at once: a 400 naming n (a 429 would invite a retry that cannot work).
-    let small = start(deltafin_server::ServerConfig {
-        scheduler: deltafin_engine::SchedulerConfig {
-            max_active: 2,
-            queue_capacity: 1,
-            ..Default::default()
-        },
-        ..config()
-    });
+    let small = start_limited(2, 1);
     let r = assert_rejected(
         small.addr,
         "/v1/completions",
@@ -757,16 +750,21 @@ fn long_stream(addr: std::net::SocketAddr) -> Stream {
     st
 }
 
-#[test]
-fn a_full_queue_answers_429_and_a_disconnect_cancels_promptly() {
-    let s = start(deltafin_server::ServerConfig {
+/// A server that runs at most `max_active` requests at once and queues `queue` more.
+fn start_limited(max_active: usize, queue: usize) -> deltafin_server::Running {
+    start(deltafin_server::ServerConfig {
         scheduler: deltafin_engine::SchedulerConfig {
-            max_active: 1,
-            queue_capacity: 0,
+            max_active,
+            queue_capacity: queue,
             ..Default::default()
         },
         ..config()
-    });
+    })
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_disconnect_cancels_promptly() {
+    let s = start_limited(1, 0);
     let busy = long_stream(s.addr);
     let r = post(s.addr, "/v1/chat/completions", &chat_body(json!({})));
     assert_eq!(r.status, 429, "{}", r.body);
