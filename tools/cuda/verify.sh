@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine with the prebuilt binary: CPU vs CUDA logits on the tiny and small presets of both
 # families, reproducibility, the engine's paths on the GPU (speculative decoding, chat, serve), then decode
-# benchmarks (resident and streamed experts) with the copy probes.
-# Usage: tools/cuda/verify.sh BINARY OUTDIR [correctness|bench|all]
+# benchmarks (resident and streamed experts) with the copy probes. TESTS, needed unless MODE is bench: the GPU
+# tests' binary (crates/cuda/tests/gpu.rs; `cargo test --release -p deltafin-cuda --test gpu --no-run` names it).
+# Usage: tools/cuda/verify.sh BINARY OUTDIR [correctness|bench|all] [TESTS]
 set -uo pipefail
-BIN=$(realpath "$1"); OUT=$2; MODE=${3:-all}
+BIN=$(realpath "$1"); OUT=$2; MODE=${3:-all}; TESTS=${4:-}
 mkdir -p "$OUT"
 REPORT=$OUT/report.txt
 log() { echo "$@" | tee -a "$REPORT"; }
@@ -48,6 +49,15 @@ if [ "$MODE" != bench ]; then
     log "FAIL kimi_k3 tiny, 700-token prompt: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
   fi
   cp "$W"/kimi_k3-small-*.npy "$OUT/" 2>/dev/null
+
+  log "== the backend's GPU tests (crates/cuda/tests/gpu.rs)"
+  if [ -z "$TESTS" ]; then
+    log "FAIL: no GPU test binary given (the 4th argument)"; fail=1
+  elif "$TESTS" --ignored --test-threads 1 >"$W/gpu-tests.txt" 2>&1; then
+    grep -E "^test |^test result" "$W/gpu-tests.txt" | tee -a "$REPORT"
+  else
+    log "FAIL: the GPU tests"; tail -30 "$W/gpu-tests.txt" | tee -a "$REPORT"; fail=1
+  fi
 
   log "== the engine on the GPU: speculative decoding, chat, serve (kimi_k3)"
   for preset in tiny small; do

@@ -229,7 +229,7 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result
     for _ in 0..tokens {
         let before: Snapshot = model.store().snapshot();
         let t0 = Instant::now();
-        let chosen = greedy_step(model, &mut sessions, &next, &stats)?;
+        let chosen = greedy_step(model, &mut sessions, &next, false, &stats)?;
         let secs = t0.elapsed().as_secs_f64();
         let d = model.store().snapshot().since(&before);
         // Replay exactly the records this step read on demand (its misses), a layer's worth at a time.
@@ -267,13 +267,20 @@ fn decode_steps(model: &Model, tokens: usize, seed: u32, batch: usize) -> Result
     Ok(steps)
 }
 
-/// One batched decode step: every session takes its token `next[i]`; returns each one's greedy choice.
+/// One batched decode step: every session takes its token `next[i]`; returns each one's greedy choice. A lone
+/// session's step lets the backend run the next one ahead (`Backend::decode`) when `more` follow, as `run`
+/// does.
 fn greedy_step<B: Backend>(
     model: &B,
     sessions: &mut [B::Session],
     next: &[u32],
+    more: bool,
     stats: &Stats,
 ) -> Result<Vec<u32>> {
+    if let ([session], [token]) = (&mut *sessions, next) {
+        let logits = model.decode(session, *token, more, stats)?;
+        return Ok(vec![deltafin_engine::sampler::argmax(&logits)]);
+    }
     let mut passes: Vec<Pass<'_, _>> = sessions
         .iter_mut()
         .zip(next)
@@ -512,9 +519,9 @@ fn sessions_decode<B: Backend>(
     }
     let bytes0 = stats.bytes();
     let mut steps = Vec::with_capacity(a.tokens);
-    for _ in 0..a.tokens {
+    for i in 0..a.tokens {
         let t = Instant::now();
-        next = greedy_step(model, &mut sessions, &next, &stats)?;
+        next = greedy_step(model, &mut sessions, &next, i + 1 < a.tokens, &stats)?;
         steps.push(t.elapsed().as_secs_f64());
     }
     Ok((

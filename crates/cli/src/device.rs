@@ -65,10 +65,14 @@ pub fn probe_bandwidth(model: &CudaModel) -> Result<()> {
 }
 
 /// A CUDA model whose forward passes are each timed, with the bytes each copied to the device: what the
-/// `[cuda]` line reports. Only the pass is timed (not sampling or printing), so a step's time is the model's.
+/// `[cuda]` line reports. A pass is timed from its call to its return (not the sampling or printing between
+/// passes), except a decode step the previous one ran ahead: the GPU ran it while the host sampled and printed,
+/// so it is timed from the previous step's return.
 pub struct Timed<'m> {
     model: &'m CudaModel,
     passes: Mutex<Vec<Pass>>,
+    /// When the last decode step returned, if it ran the next one ahead.
+    ran_ahead: Mutex<Option<Instant>>,
 }
 
 struct Pass {
@@ -84,10 +88,35 @@ struct Pass {
 }
 
 impl<'m> Timed<'m> {
+    /// Runs `pass` (of `tokens` rows) and notes its time, from `since` if given (else from now).
+    fn timed<T>(
+        &self,
+        tokens: usize,
+        since: Option<Instant>,
+        stats: &Stats,
+        pass: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let (t, c0, bytes0) = (Instant::now(), self.model.counters(), stats.bytes());
+        let out = pass()?;
+        let secs = since.unwrap_or(t).elapsed().as_secs_f64();
+        let c = self.model.counters();
+        self.passes.lock().unwrap().push(Pass {
+            tokens,
+            secs,
+            issue_secs: c.issue_secs - c0.issue_secs,
+            gpu_secs: c.gpu_secs - c0.gpu_secs,
+            h2d: c.h2d_bytes - c0.h2d_bytes,
+            spine_h2d: c.spine_h2d_bytes - c0.spine_h2d_bytes,
+            expert_bytes: stats.bytes() - bytes0,
+        });
+        Ok(out)
+    }
+
     pub fn new(model: &'m CudaModel) -> Timed<'m> {
         Timed {
             model,
             passes: Mutex::new(Vec::new()),
+            ran_ahead: Mutex::new(None),
         }
     }
 
@@ -116,7 +145,7 @@ impl<'m> Timed<'m> {
         let expert_bytes: u64 = steps.iter().map(|p| p.expert_bytes).sum();
         let step_spine_h2d: u64 = steps.iter().map(|p| p.spine_h2d).sum();
         format!(
-            "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s), issued by the host in {:.3} ms, run by the GPU in {:.3} ms | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
+            "[cuda] {} | load {load_secs:.2}s | prefill {} tok {:.3}s | decode {} steps {decode:.3}s, median step {:.3} ms ({:.1} tok/s), issued by the host in {:.3} ms, run by the GPU in {:.3} ms, {} steps run ahead taken over ({} discarded) | expert slots {} x {} B | VRAM hits {} misses {} | h2d {:.1} MB ({}), host copy time {:.3}s | 2nd half: {:.1} MB/step h2d, {:.2} GB/s | spine {:.1} MB/token, experts {:.1} MB/token | spine layers streamed {} of {}, {:.1} MB h2d/token",
             m.kernels(),
             prefill.tokens,
             prefill.secs,
@@ -125,6 +154,8 @@ impl<'m> Timed<'m> {
             1.0 / med.max(1e-12),
             med_issue * 1e3,
             med_gpu * 1e3,
+            c.ahead_taken,
+            c.ahead_discarded,
             m.expert_slots(),
             m.record_len(),
             c.vram_hits,
@@ -170,26 +201,33 @@ impl Backend for Timed<'_> {
         self.model.new_session()
     }
 
+    fn decode(
+        &self,
+        session: &mut CudaSession,
+        token: u32,
+        ahead: bool,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let since = self.ran_ahead.lock().unwrap().take();
+        let logits = self.timed(1, since, stats, || {
+            self.model.decode(session, token, ahead, stats)
+        })?;
+        if ahead {
+            *self.ran_ahead.lock().unwrap() = Some(Instant::now());
+        }
+        Ok(logits)
+    }
+
     fn forward_batch(
         &self,
         batch: &mut [deltafin_models::Pass<'_, CudaSession>],
         stats: &Stats,
     ) -> Result<Vec<Vec<f32>>> {
+        *self.ran_ahead.lock().unwrap() = None;
         let tokens: usize = batch.iter().map(|p| p.tokens.len()).sum();
-        let (t, c0, bytes0) = (Instant::now(), self.model.counters(), stats.bytes());
-        let logits = self.model.forward_batch(batch, stats)?;
-        let secs = t.elapsed().as_secs_f64();
-        let c = self.model.counters();
-        self.passes.lock().unwrap().push(Pass {
-            tokens,
-            secs,
-            issue_secs: c.issue_secs - c0.issue_secs,
-            gpu_secs: c.gpu_secs - c0.gpu_secs,
-            h2d: c.h2d_bytes - c0.h2d_bytes,
-            spine_h2d: c.spine_h2d_bytes - c0.spine_h2d_bytes,
-            expert_bytes: stats.bytes() - bytes0,
-        });
-        Ok(logits)
+        self.timed(tokens, None, stats, || {
+            self.model.forward_batch(batch, stats)
+        })
     }
 
     fn fork(&self, session: &CudaSession) -> Result<CudaSession> {

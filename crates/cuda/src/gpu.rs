@@ -36,6 +36,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "moe_route",
     "moe_group",
     "mx_repack",
+    "decode_pick",
     "timeline_mark",
 ];
 

@@ -445,14 +445,17 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
 // q, k, v: [n][w] projections (overwritten by their conv+SiLU values); conv: 3 windows [w][kern-1];
 // S: [heads][dim][dim]; g, beta: [n][w], [n][heads] raw decay and write strength; gate: [n][w] pre-sigmoid
 // output gate; out: [n][w]. kind 0 (K3) or 1 (Kimi Linear) picks the decay and the q/k normalisation.
+// The session keeps two copies of conv and S: a pass over its positions *pos .. *pos + n reads the copy of
+// parity *pos and writes that of parity *pos + n, so a one-row step leaves the state before it intact (a
+// decode step run ahead on the device's own choice can be taken back).
 // The head's state is read into shared memory before the wait (no kernel of the pass writes it but this one)
 // and written back once at the end, so its read-modify-writes per row cost no round trips to global memory.
 // Dynamic shared memory: (dim + 4) · dim floats.
 extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const float* g, const float* beta,
                                           const float* gate, const float* dt_bias, const float* a_log,
                                           float lower, const float* conv_w, float* conv_state, float* S,
-                                          const float* o_norm, float* out, int n, int heads, int dim, int kern,
-                                          int kind, float eps) {
+                                          const u32* pos, const float* o_norm, float* out, int n, int heads,
+                                          int dim, int kern, int kind, float eps) {
     pdl_launch_next();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
@@ -464,9 +467,20 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
     int h = blockIdx.x, j = threadIdx.x;
     int w = heads * dim;
     int c = h * dim + j;
-    float* Sh = S + (size_t)h * dim * dim;
+    // The header was written before the pass began (its upload, or the previous step's decode_pick).
+    u32 from = *pos & 1, to = (*pos + n) & 1;
+    size_t conv_len = (size_t)3 * w * (kern - 1), s_len = (size_t)heads * dim * dim;
+    const float* Sh = S + from * s_len + (size_t)h * dim * dim;
 #pragma unroll 8
     for (int i = 0; i < dim; i++) Ss[i * dim + j] = Sh[(size_t)i * dim + j];
+    // This thread's windows move to the copy written, where the rows below update them.
+    if (from != to)
+        for (int p = 0; p < 3; p++)
+            for (int jj = 0; jj < kern - 1; jj++) {
+                size_t at = ((size_t)p * w + c) * (kern - 1) + jj;
+                conv_state[to * conv_len + at] = conv_state[from * conv_len + at];
+            }
+    conv_state += to * conv_len;
     pdl_wait();
     float scale = 1.0f / sqrtf((float)dim);
     for (int t = 0; t < n; t++) {
@@ -534,8 +548,9 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         out[(size_t)t * w + c] = r * sigmoidf_(gate[(size_t)t * w + c]);
         __syncthreads();
     }
+    float* St = S + to * s_len + (size_t)h * dim * dim;
 #pragma unroll 8
-    for (int i = 0; i < dim; i++) Sh[(size_t)i * dim + j] = Ss[i * dim + j];
+    for (int i = 0; i < dim; i++) St[(size_t)i * dim + j] = Ss[i * dim + j];
 }
 
 // MLA: normalise each row's latent into the cache at position *pos + t and copy its k_pe. The position is read
@@ -1219,5 +1234,50 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
         ids[(size_t)t * topk + k] = id;
         wts[(size_t)t * topk + k] = score[id] / denom * scale;
         if (table) slots[(size_t)t * topk + k] = table[id];
+    }
+}
+
+// A graphed decode step's end (one block of 1024 threads): the step's logits and its greedy choice (the host's
+// argmax: the lowest id on ties, never a NaN, and a NaN first logit keeps id 0) into out[parity of the
+// position][vocab + 1], the choice's bits last, whence the copy stream brings them back; and the next step's
+// header (that choice, the position + 1), so a step run ahead on the device's choice needs nothing from the host.
+extern "C" __global__ void decode_pick(const float* logits, int vocab, u32* hdr, float* out) {
+    pdl_launch_next();
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    pdl_wait();
+    u32 p0 = hdr[1];
+    float* o = out + (size_t)(p0 & 1) * (vocab + 1);
+    int t = threadIdx.x;
+    float bv = 0.0f;
+    int bi = -1;
+    for (int i = t; i < vocab; i += blockDim.x) {
+        float v = logits[i];
+        o[i] = v;
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = i;
+    }
+    // (value, id) pairs: the larger value wins, the lower id on equal values; -1 is no value.
+    for (int h = 16; h >= 1; h >>= 1) {
+        float v = __shfl_down_sync(FULL, bv, h);
+        int i = __shfl_down_sync(FULL, bi, h);
+        if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+    }
+    if (t % 32 == 0) best_v[t / 32] = bv, best_i[t / 32] = bi;
+    __syncthreads();
+    if (t < 32) {
+        int warps = blockDim.x / 32;
+        bv = t < warps ? best_v[t] : 0.0f;
+        bi = t < warps ? best_i[t] : -1;
+        for (int h = 16; h >= 1; h >>= 1) {
+            float v = __shfl_down_sync(FULL, bv, h);
+            int i = __shfl_down_sync(FULL, bi, h);
+            if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+        }
+        if (t == 0) {
+            u32 id = (bi < 0 || logits[0] != logits[0]) ? 0u : (u32)bi;
+            o[vocab] = __int_as_float((int)id);
+            hdr[0] = id;
+            hdr[1] = p0 + 1;
+        }
     }
 }

@@ -12,7 +12,7 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaGraph};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, Pass, Stats};
+use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, LogitRows, Pass, Stats};
 use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
 use std::cell::Cell;
 use std::path::Path;
@@ -50,6 +50,10 @@ pub struct CudaCounters {
     /// GPU time from a pass's first piece of work to its last (events on the compute stream): the step less
     /// this is the host's start and the logits' return.
     pub gpu_secs: f64,
+    /// Decode steps run ahead on the device's choice that the next step took over, and those discarded (the
+    /// host chose another token, or the session was used otherwise).
+    pub ahead_taken: u64,
+    pub ahead_discarded: u64,
 }
 
 /// Where a block of spine tensors (a layer, or the embeddings and head) lies in VRAM: its own allocation or a
@@ -366,6 +370,8 @@ pub struct CudaModel {
     direct: Option<Direct>,
     /// Timing events around each pass's work on the compute stream.
     span: [CudaEvent; 2],
+    /// Where graphed decode steps leave their results.
+    picks: Picks,
     /// The fork of K3's shared expert onto the side stream and its join, recorded again in every MoE layer (a
     /// stream's wait takes the event as last recorded when it is issued): no event made and destroyed a layer.
     fork: CudaEvent,
@@ -381,6 +387,19 @@ struct Direct {
     table: DevBuf,
     seq: DevBuf,
     row0: DevBuf,
+}
+
+/// A graphed decode step's results, by the parity of its position (so a step run ahead never overwrites those
+/// of the step before it): `decode_pick` writes the logits and the greedy choice into `out`, the copy stream
+/// brings them into `host`.
+struct Picks {
+    /// [2][vocab + 1] floats: the logits, then the choice's bits.
+    out: DevBuf,
+    host: Pinned,
+    /// Around each step's graph on the compute stream (its GPU time; the copy back waits on the second).
+    span: [[CudaEvent; 2]; 2],
+    /// Its results are in `host`.
+    done: [CudaEvent; 2],
 }
 
 /// The spine layers that stream: their images in page-locked host memory, each copied into one of two VRAM
@@ -406,32 +425,38 @@ pub struct CudaSession {
     pos: usize,
     /// Its one-row resident pass, captured at its first decode step and replayed after (see `DecodeGraph`).
     graph: Option<DecodeGraph>,
+    /// A decode step launched on the device's own choice and not yet taken over (`Backend::decode`).
+    ahead: Option<Ahead>,
+}
+
+/// A step run ahead: the token the device chose for it, and the arena's count of passes once it was issued.
+struct Ahead {
+    token: u32,
+    ticket: u64,
 }
 
 /// A session's decode step as a CUDA graph: the whole pass launched at once, so the GPU never waits on the host
 /// issuing it and runs its kernels back to back. What changes between steps (the token, the position) is read by
-/// the kernels from the pass's header, which a replay rewrites in the page-locked upload area before the launch;
-/// everything else the graph holds (scratch, session state, upload area) is in its key.
+/// the kernels from the pass's header at the start of the scratch: uploaded before a launch, or written by the
+/// step before (`decode_pick`) for a step run ahead. Everything else the graph holds is in its key.
 struct DecodeGraph {
     graph: CudaGraph,
     key: GraphKey,
-    /// The logits' device address and length.
-    logits: (u64, usize),
     ctx: Arc<CudaContext>,
 }
 
 impl Drop for DecodeGraph {
     fn drop(&mut self) {
-        // The graph (a field) is destroyed next: with the context current on whichever thread drops the session,
-        // as a pass makes it (a failed destroy would be reported by the context's next call).
+        // The graph (a field) is destroyed next, with the context current on whichever thread drops the session
+        // (as a pass makes it) and no launch of it still running (a step run ahead may be).
         let _ = self.ctx.bind_to_thread();
+        let _ = self.ctx.synchronize();
     }
 }
 
 #[derive(PartialEq, Eq, Clone, Copy)]
 struct GraphKey {
     scratch: u64,
-    upload: usize,
     /// The MLA caches' capacity (growing reallocates them).
     cap: usize,
 }
@@ -440,6 +465,13 @@ struct GraphKey {
 unsafe impl Send for DecodeGraph {}
 
 impl CudaSession {
+    /// Whether its MLA caches hold `n` more positions.
+    fn holds(&self, n: usize) -> bool {
+        self.layers
+            .iter()
+            .all(|st| !matches!(st, State::Mla { cap, .. } if *cap < self.pos + n))
+    }
+
     /// The positions its MLA caches hold (0 without MLA layers).
     fn mla_cap(&self) -> usize {
         self.layers
@@ -491,6 +523,8 @@ struct Arena {
     copies: Cell<bool>,
     /// A pass of several resident rows: where each layer's count of chosen experts lands (0 otherwise).
     groups: Cell<u64>,
+    /// Passes issued so far: a step run ahead is taken over only if nothing was issued after it.
+    issued: Cell<u64>,
 }
 
 impl Arena {
@@ -514,6 +548,8 @@ impl Arena {
 
 impl Drop for CudaModel {
     fn drop(&mut self) {
+        // A decode step run ahead may still be running.
+        let _ = self.gpu.ctx.synchronize();
         if self.slab_registered {
             let _ = self.gpu.ctx.bind_to_thread();
             // SAFETY: registered in `load`; no copy is in flight (every pass synchronises both streams).
@@ -558,9 +594,10 @@ impl Backend for CudaModel {
             .map(|l| match &l.attn {
                 Attn::Kda(k) => {
                     let w = k.heads * k.dim;
+                    // Two copies of each: see kda_recurrence.
                     Ok(State::Kda {
-                        conv: self.zeros(3 * w * (k.kern - 1))?,
-                        s: self.zeros(k.heads * k.dim * k.dim)?,
+                        conv: self.zeros(2 * 3 * w * (k.kern - 1))?,
+                        s: self.zeros(2 * k.heads * k.dim * k.dim)?,
                     })
                 }
                 Attn::Mla(m) => {
@@ -577,6 +614,7 @@ impl Backend for CudaModel {
             layers,
             pos: 0,
             graph: None,
+            ahead: None,
         })
     }
 
@@ -596,33 +634,32 @@ impl Backend for CudaModel {
             .ctx
             .bind_to_thread()
             .map_err(|e| anyhow!("{e:?}"))?;
-        let t0 = Instant::now();
         let n: usize = batch.iter().map(|p| p.tokens.len()).sum();
+        if n == 1 && self.graphed() {
+            let p = &mut batch[0];
+            return Ok(vec![self.step(p.session, p.tokens[0], false, stats)?]);
+        }
+        let t0 = Instant::now();
         for p in batch.iter_mut() {
+            // A step run ahead is discarded: this pass reads the state from before it (see kda_recurrence).
+            if p.session.ahead.take().is_some() {
+                self.cache.lock().unwrap().counters.ahead_discarded += 1;
+            }
             self.reserve(p.session, p.tokens.len())?;
         }
         let cap = batch.iter().map(|p| p.session.mla_cap()).max().unwrap_or(0);
         let mut arena = self.arena.lock().unwrap();
         self.size_arena(&mut arena, n, cap)?;
+        arena.issued.set(arena.issued.get() + 1);
         let mut held = Vec::new();
         if let Some(t) = &self.gpu.timeline {
             t.begin();
             self.gpu.htod_sync(t.count, &[0u32])?;
         }
-        // One session's one row with every expert resident (a decode step): its graph. The timeline's notes and
-        // streamed layers' copies are issued per pass, so those passes are not captured.
-        let graphed = n == 1
-            && self.direct.is_some()
-            && self.streamed.is_none()
-            && self.gpu.timeline.is_none()
-            && self.graphs_off.lock().unwrap().is_none();
-        let issued = if graphed {
-            self.decode_graph(&arena, &mut batch[0], stats)
-        } else {
-            self.gpu
-                .record(&self.span[0])
-                .and_then(|()| self.pass(&arena, batch, stats, &mut held))
-        };
+        let issued = self.stage(&arena, &header(batch)).and_then(|hdr| {
+            self.gpu.record(&self.span[0])?;
+            self.pass(&arena, batch, stats, &mut held, hdr)
+        });
         let result = issued.and_then(|(logits, len)| {
             self.gpu.record(&self.span[1])?;
             self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
@@ -644,12 +681,12 @@ impl Backend for CudaModel {
         }
         drop(held);
         let out = result?;
-        // Resident experts are counted here: a decode step's are top_k a layer (the pass may be a graph's
-        // replay, which issues nothing); a pass of several rows counted its layers' on the device.
-        let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
+        // Resident experts are counted here: a decode step's are top_k a layer; a pass of several rows counted
+        // its layers' on the device.
         if self.direct.is_some() && n == 1 {
-            self.count_uses(stats, moe.count() * self.cfg.moe.top_k, true);
+            self.count_step_uses(stats);
         } else if arena.groups.get() != 0 {
+            let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
             let counts = self
                 .gpu
                 .dtoh::<i32>(arena.groups.get(), self.cfg.num_layers)?;
@@ -665,6 +702,30 @@ impl Backend for CudaModel {
             p.session.pos += p.tokens.len();
         }
         Ok(split_rows(out, self.cfg.vocab_size, batch))
+    }
+
+    /// A graphed step run ahead when asked (see `step`); otherwise a plain pass.
+    fn decode(
+        &self,
+        session: &mut CudaSession,
+        token: u32,
+        ahead: bool,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        if !self.graphed() {
+            return self.forward(session, &[token], LogitRows::Last, stats);
+        }
+        let pass = Pass {
+            session,
+            tokens: &[token],
+            rows: LogitRows::Last,
+        };
+        deltafin_models::check_batch(&self.cfg, std::slice::from_ref(&pass))?;
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        self.step(pass.session, token, ahead, stats)
     }
 
     /// Every state buffer copied whole on the device (the MLA caches with their spare capacity). The copies have
@@ -700,6 +761,7 @@ impl Backend for CudaModel {
             layers,
             pos: session.pos,
             graph: None,
+            ahead: None,
         })
     }
 
@@ -1037,10 +1099,17 @@ impl CudaModel {
             counters: CudaCounters::default(),
         };
         let span = [gpu.event()?, gpu.event()?];
+        let picks = Picks {
+            out: gpu.alloc(4 * 2 * (cfg.vocab_size + 1))?,
+            host: Pinned::new(&gpu, 4 * 2 * (cfg.vocab_size + 1), false)?,
+            span: [[gpu.event()?, gpu.event()?], [gpu.event()?, gpu.event()?]],
+            done: [gpu.event()?, gpu.event()?],
+        };
         let untimed = || gpu.ctx.new_event(None).map_err(|e| anyhow!("{e:?}"));
         let (fork, join) = (untimed()?, untimed()?);
         let mut model = CudaModel {
             span,
+            picks,
             graphs_off: Mutex::new(None),
             fork,
             join,
@@ -1063,6 +1132,7 @@ impl CudaModel {
                 host_off: Cell::new(0),
                 copies: Cell::new(false),
                 groups: Cell::new(0),
+                issued: Cell::new(0),
             }),
             spine_bytes,
             slab_registered,
@@ -1313,21 +1383,20 @@ impl CudaModel {
 
     /// Issues the pass's work; returns the logits' device address and length. `held`: store records whose
     /// copies to the device may still be in flight (see `moe`).
+    /// `tok`: the pass's header on the device (see `header`).
     fn pass<'s>(
         &'s self,
         a: &Arena,
         batch: &mut [Pass<'_, CudaSession>],
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
+        tok: u64,
     ) -> Result<(u64, usize)> {
-        let header = header(batch);
         let (n, hd, eps) = (
-            header.len() - batch.len(),
+            batch.iter().map(|p| p.tokens.len()).sum::<usize>(),
             self.cfg.hidden,
             self.cfg.rms_norm_eps,
         );
-        // First in the upload area, where a decode graph's replay rewrites it (`decode_graph`).
-        let tok = self.stage(a, &header)?;
         let pos = tok + 4 * n as u64;
         // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
         // h on to the next slot (no copy).
@@ -1532,7 +1601,7 @@ impl CudaModel {
     ) -> Result<()> {
         match (attn, st) {
             (Attn::Kda(k), State::Kda { conv, s }) => {
-                let o = self.kda(a, k, x, norm, n, conv.ptr, s.ptr)?;
+                let o = self.kda(a, k, x, norm, n, (conv.ptr, s.ptr), pos)?;
                 self.mm_into(&k.o, o, y, n, out)
             }
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
@@ -1566,75 +1635,176 @@ impl CudaModel {
         Ok(())
     }
 
-    /// A decode step through its session's graph, captured now if the session has none that fits this pass's
-    /// scratch, upload area and caches, then launched. A replay only rewrites the header (the token and the
-    /// position) where the capture's upload reads it. Returns the logits' address and length, like `pass`. A
-    /// capture the driver refuses turns graphs off for the model (the step then runs as a plain pass).
-    fn decode_graph(
+    /// Whether one-row steps run as graphs: every expert resident, no streamed layers (their copies are issued
+    /// per pass), no `--timeline` (its notes are too), and no capture refused so far.
+    fn graphed(&self) -> bool {
+        self.direct.is_some()
+            && self.streamed.is_none()
+            && self.gpu.timeline.is_none()
+            && self.graphs_off.lock().unwrap().is_none()
+    }
+
+    /// A decode step of `session` on `token` through its graph, returning its logits. It takes over the step run
+    /// ahead on the device's choice when that choice was `token` and nothing was issued since; otherwise the
+    /// header is uploaded and the graph launched (captured first if the session has none that fits). With
+    /// `ahead`, the step after it is launched on the device's choice before the logits are waited for, while the
+    /// caches and scratch hold it unchanged. A capture the driver refuses turns graphs off for the model.
+    fn step(
         &self,
-        a: &Arena,
-        pass: &mut Pass<'_, CudaSession>,
+        session: &mut CudaSession,
+        token: u32,
+        ahead: bool,
         stats: &Stats,
-    ) -> Result<(u64, usize)> {
-        let key = GraphKey {
-            scratch: a.buf.as_ref().expect("sized at pass start").ptr,
-            upload: a.host.as_ref().expect("sized at pass start").ptr as usize,
-            cap: pass.session.mla_cap(),
-        };
-        match &pass.session.graph {
-            Some(g) if g.key == key => {
-                self.put(a, &header(std::slice::from_ref(pass)))?;
-            }
-            _ => {
-                pass.session.graph = None;
-                match self.capture(a, pass, stats, key) {
-                    Ok(graph) => pass.session.graph = Some(graph),
+    ) -> Result<Vec<f32>> {
+        let t0 = Instant::now();
+        let pos = session.pos;
+        let mut arena = self.arena.lock().unwrap();
+        let ran = session.ahead.take();
+        let taken = ran
+            .as_ref()
+            .is_some_and(|g| g.token == token && g.ticket == arena.issued.get());
+        if ran.is_some() {
+            let c = &mut self.cache.lock().unwrap().counters;
+            *(if taken {
+                &mut c.ahead_taken
+            } else {
+                &mut c.ahead_discarded
+            }) += 1;
+        }
+        if !taken {
+            self.reserve(session, if ahead { 2 } else { 1 })?;
+            self.size_arena(&mut arena, 1, session.mla_cap())?;
+            let a = &*arena;
+            let hdr = self.stage(a, &[token, pos as u32])?;
+            let key = self.graph_key(a, session);
+            if session.graph.as_ref().is_none_or(|g| g.key != key) {
+                session.graph = None;
+                match self.capture(a, session, hdr, stats, key) {
+                    Ok(graph) => session.graph = Some(graph),
                     Err(e) => {
                         *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
-                        a.off.set(0);
-                        a.host_off.set(0);
-                        self.gpu.record(&self.span[0])?;
-                        return self.pass(a, std::slice::from_mut(pass), stats, &mut Vec::new());
+                        drop(arena);
+                        return self.forward(session, &[token], LogitRows::Last, stats);
                     }
                 }
             }
+            self.launch_step(a, session, pos)?;
         }
-        let g = pass.session.graph.as_ref().expect("captured above");
-        self.gpu.record(&self.span[0])?;
-        g.graph
-            .launch()
-            .map_err(|e| anyhow!("launching the decode graph: {e:?}"))?;
-        Ok(g.logits)
+        let next = ahead && session.holds(2) && {
+            let key = self.graph_key(&arena, session);
+            session.graph.as_ref().is_some_and(|g| g.key == key)
+        };
+        if next {
+            self.launch_step(&arena, session, pos + 1)?;
+        }
+        self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
+        // This step's results.
+        let par = pos & 1;
+        let pk = &self.picks;
+        pk.done[par]
+            .synchronize()
+            .map_err(|e| anyhow!("a decode step failed: {e:?}"))?;
+        let ms = pk.span[par][0]
+            .elapsed_ms(&pk.span[par][1])
+            .map_err(|e| anyhow!("{e:?}"))?;
+        self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
+        let v = self.cfg.vocab_size;
+        // SAFETY: the host buffer holds [2][v + 1] floats, written by a copy that has completed.
+        let out = unsafe {
+            std::slice::from_raw_parts((pk.host.ptr as *const f32).add(par * (v + 1)), v + 1)
+        };
+        self.count_step_uses(stats);
+        session.pos += 1;
+        session.ahead = next.then(|| Ahead {
+            token: out[v].to_bits(),
+            ticket: arena.issued.get(),
+        });
+        Ok(out[..v].to_vec())
     }
 
-    /// The one-row pass captured as a graph (not run).
+    /// What a session's graph must have been captured with to replay now.
+    fn graph_key(&self, a: &Arena, session: &CudaSession) -> GraphKey {
+        GraphKey {
+            scratch: a.buf.as_ref().expect("sized at pass start").ptr,
+            cap: session.mla_cap(),
+        }
+    }
+
+    /// Launches the session's graph for its step at `pos` (the header already in place on the device), and
+    /// copies its results back on the copy stream.
+    fn launch_step(&self, a: &Arena, session: &CudaSession, pos: usize) -> Result<()> {
+        let g = session.graph.as_ref().expect("captured before its launch");
+        let par = pos & 1;
+        let pk = &self.picks;
+        let v = self.cfg.vocab_size;
+        self.gpu.record(&pk.span[par][0])?;
+        g.graph
+            .launch()
+            .map_err(|e| anyhow!("launching a decode step: {e:?}"))?;
+        self.gpu.record(&pk.span[par][1])?;
+        let copy = &self.gpu.copy;
+        copy.wait(&pk.span[par][1]).map_err(|e| anyhow!("{e:?}"))?;
+        let bytes = 4 * (v + 1);
+        // SAFETY: both buffers hold [2][v + 1] floats; the host's half `par` is read only after `done[par]`, and
+        // written again only by the step two after this one, launched after that read.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(pk.host.ptr.add(par * bytes), bytes);
+            cu::memcpy_dtoh_async(dst, pk.out.ptr + (par * bytes) as u64, copy.cu_stream())
+        }
+        .map_err(|e| anyhow!("copying a decode step's logits back: {e:?}"))?;
+        pk.done[par].record(copy).map_err(|e| anyhow!("{e:?}"))?;
+        a.issued.set(a.issued.get() + 1);
+        Ok(())
+    }
+
+    /// The one-row pass on the header at `hdr`, and its pick, captured as a graph (not run).
     fn capture(
         &self,
         a: &Arena,
-        pass: &mut Pass<'_, CudaSession>,
+        session: &mut CudaSession,
+        hdr: u64,
         stats: &Stats,
         key: GraphKey,
     ) -> Result<DecodeGraph> {
         let stream = &self.gpu.stream;
+        let staged = a.host_off.get();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?;
-        let issued = self.pass(a, std::slice::from_mut(pass), stats, &mut Vec::new());
+        let mut pass = [Pass {
+            session,
+            tokens: &[0],
+            rows: LogitRows::Last,
+        }];
+        let issued = self
+            .pass(a, &mut pass, stats, &mut Vec::new(), hdr)
+            .and_then(|(logits, _)| {
+                Launch::new(&self.gpu, "decode_pick", (1, 1), 1024, 0)
+                    .p(logits)
+                    .i(self.cfg.vocab_size)
+                    .p(hdr)
+                    .p(self.picks.out.ptr)
+                    .go()
+            });
         // The capture ends whatever the issue did, so the stream is usable again.
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        let logits = issued?;
+        issued?;
+        // The graph holds no upload (the key does not cover the upload area): only the header, staged before it.
+        if a.host_off.get() != staged {
+            bail!("internal: a decode step uploads more than its header");
+        }
         let graph = graph
             .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?
             .ok_or_else(|| anyhow!("capturing a decode step: the graph is empty"))?;
         Ok(DecodeGraph {
             graph,
             key,
-            logits,
             ctx: self.gpu.ctx.clone(),
         })
     }
 
-    /// KDA of RMS(x) up to its output projection (the gated, normalised heads).
+    /// KDA of RMS(x) up to its output projection (the gated, normalised heads). `(conv_state, s)`: the session's
+    /// two copies of each (see kda_recurrence); `pos`: its position on the device.
     #[allow(clippy::too_many_arguments)]
     fn kda(
         &self,
@@ -1643,8 +1813,8 @@ impl CudaModel {
         x: u64,
         norm: (u64, f32),
         n: usize,
-        conv_state: u64,
-        s: u64,
+        (conv_state, s): (u64, u64),
+        pos: u64,
     ) -> Result<u64> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
@@ -1682,6 +1852,7 @@ impl CudaModel {
         .p(k.conv.ptr())
         .p(conv_state)
         .p(s)
+        .p(pos)
         .p(k.o_norm.ptr())
         .p(out)
         .i(n)
@@ -2191,6 +2362,12 @@ impl CudaModel {
 
     /// `uses` chosen experts, each read once from VRAM (`resident`: found there without the host's plan, which
     /// counts its own hits).
+    /// A resident decode step's experts: top_k a MoE layer.
+    fn count_step_uses(&self, stats: &Stats) {
+        let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
+        self.count_uses(stats, moe.count() * self.cfg.moe.top_k, true);
+    }
+
     fn count_uses(&self, stats: &Stats, uses: usize, resident: bool) {
         if resident {
             self.cache.lock().unwrap().counters.vram_hits += uses as u64;
@@ -2469,11 +2646,12 @@ mod tests {
             layers: Vec::new(),
             pos,
             graph: None,
+            ahead: None,
         }
     }
 
-    /// The kernels find row t's token at header[t] and session i's position at header[rows + i]; a decode
-    /// graph's replay writes the same layout.
+    /// The kernels find row t's token at header[t] and session i's position at header[rows + i]; a graphed
+    /// decode step's upload and `decode_pick` write the same layout for one row: [token, position].
     #[test]
     fn a_pass_header_holds_every_rows_token_then_each_sessions_position() {
         let (mut a, mut b) = (session(7), session(40));
@@ -2491,5 +2669,6 @@ mod tests {
         ];
         assert_eq!(header(&batch), vec![5, 1, 2, 3, 7, 40]);
         assert_eq!(session(3).mla_cap(), 0, "no MLA layers, no cache");
+        assert!(session(3).holds(2), "no MLA layers, nothing to outgrow");
     }
 }

@@ -141,7 +141,14 @@ impl<B: Backend> Generation<B> {
         on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
         if let Some(next) = self.plan(prefill_chunk, on_token) {
-            let logits = model.forward(&mut self.session, &next.tokens, next.rows, stats)?;
+            let logits = if next.prefill() {
+                model.forward(&mut self.session, &next.tokens, next.rows, stats)?
+            } else {
+                // A greedy generation with room for a token after the next lets the backend run ahead on its
+                // own choice; the sampler still picks from the logits, and another pick discards that step.
+                let ahead = self.sampler.greedy() && self.tokens.len() + 1 < self.max_new;
+                model.decode(&mut self.session, next.tokens[0], ahead, stats)?
+            };
             self.apply(next, logits, model.config().vocab_size);
         }
         Ok(self.finish)

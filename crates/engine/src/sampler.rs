@@ -74,6 +74,15 @@ impl Sampler {
         })
     }
 
+    /// Whether `pick` is the plain argmax of the logits (temperature 0, no penalties, no biases).
+    pub fn greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logit_bias.is_empty()
+    }
+
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let mut penalised: Vec<f32> = if p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {

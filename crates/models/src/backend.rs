@@ -46,6 +46,23 @@ pub trait Backend: Send + Sync {
         Ok(logits.pop().expect("one pass, one result"))
     }
 
+    /// One decode step: `forward(session, &[token], LogitRows::Last)`, the same logits. With `ahead`, the backend
+    /// may also start the step after it on its own greedy choice from those logits (the lowest id of the
+    /// largest) before returning them, so that a GPU never waits on the host between steps. The session's next
+    /// one-token step takes that step over when its token is that choice; anything else (another token, a
+    /// longer pass, another session's pass) discards it, and the session continues exactly as if it had never
+    /// run.
+    fn decode(
+        &self,
+        session: &mut Self::Session,
+        token: u32,
+        ahead: bool,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let _ = ahead;
+        self.forward(session, &[token], LogitRows::Last, stats)
+    }
+
     /// One pass over several sessions at once: each `Pass` runs its tokens after its session's history, and
     /// gets its logits (`[rows, vocab]`, in batch order). A row's arithmetic never depends on the other rows, so
     /// each session's logits equal those of its own `forward` bit for bit; what the batch shares is the reading
