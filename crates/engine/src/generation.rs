@@ -45,6 +45,11 @@ impl<S> Planned<S> {
     pub fn prefill(&self) -> bool {
         matches!(self.kind, Kind::Prefill)
     }
+
+    /// One chosen token to feed: a decode step (`Backend::decode`).
+    pub fn decode_step(&self) -> bool {
+        matches!(self.kind, Kind::Token)
+    }
 }
 
 pub struct Generation<B: Backend> {
@@ -141,13 +146,11 @@ impl<B: Backend> Generation<B> {
         on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
         if let Some(next) = self.plan(prefill_chunk, on_token) {
-            let logits = if next.prefill() {
-                model.forward(&mut self.session, &next.tokens, next.rows, stats)?
-            } else {
-                // A greedy generation with room for a token after the next lets the backend run ahead on its
-                // own choice; the sampler still picks from the logits, and another pick discards that step.
-                let ahead = self.sampler.greedy() && self.tokens.len() + 1 < self.max_new;
+            let logits = if next.decode_step() {
+                let ahead = self.runs_ahead();
                 model.decode(&mut self.session, next.tokens[0], ahead, stats)?
+            } else {
+                model.forward(&mut self.session, &next.tokens, next.rows, stats)?
             };
             self.apply(next, logits, model.config().vocab_size);
         }
@@ -195,6 +198,13 @@ impl<B: Backend> Generation<B> {
             kind: Kind::Token,
             t0,
         })
+    }
+
+    /// Whether a decode step may let the backend run the step after it ahead on its own greedy choice
+    /// (`Backend::decode`): a greedy generation with room for a token after the next. The sampler still picks
+    /// every token from the logits, and another pick discards that step.
+    pub fn runs_ahead(&self) -> bool {
+        self.sampler.greedy() && self.tokens.len() + 1 < self.max_new
     }
 
     /// The session a planned pass runs on.

@@ -461,10 +461,13 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
     }
 }
 
-/// The tiny model, with batched passes that fail once `fail_at` of them have run.
+/// The tiny model, with batched passes that fail once `fail_at` of them have run; notes whether each decode step
+/// asked to run the next one ahead.
+#[derive(Default)]
 struct Flaky {
     passes: std::sync::atomic::AtomicUsize,
     fail_at: usize,
+    ahead: Mutex<Vec<bool>>,
 }
 
 impl Backend for Flaky {
@@ -493,6 +496,16 @@ impl Backend for Flaky {
     ) -> anyhow::Result<Vec<f32>> {
         model().forward(session, tokens, rows, stats)
     }
+    fn decode(
+        &self,
+        session: &mut Self::Session,
+        token: u32,
+        ahead: bool,
+        stats: &Stats,
+    ) -> anyhow::Result<Vec<f32>> {
+        self.ahead.lock().unwrap().push(ahead);
+        model().decode(session, token, ahead, stats)
+    }
     fn forward_batch(
         &self,
         batch: &mut [deltafin_models::Pass<'_, Self::Session>],
@@ -519,8 +532,8 @@ impl Backend for Flaky {
 #[test]
 fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     let flaky = Arc::new(Flaky {
-        passes: Default::default(),
         fail_at: 3,
+        ..Default::default()
     });
     let sched = Scheduler::start(
         flaky,
@@ -551,6 +564,43 @@ fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     let c = sched.counters();
     assert_eq!(c.failed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completed.load(Ordering::Relaxed), 0);
+}
+
+/// A job decoding alone takes its steps through `Backend::decode`, asking to run the next one ahead while it is
+/// greedy and has room for a token after the next (so not on its last step); a sampled job never asks. Both get
+/// their plain generation's tokens. `generate` asks the same.
+#[test]
+fn a_lone_greedy_job_lets_the_backend_run_ahead_until_its_last_step() {
+    let backend = Arc::new(Flaky {
+        fail_at: usize::MAX,
+        ..Default::default()
+    });
+    let sched = Scheduler::start(
+        backend.clone(),
+        SchedulerConfig {
+            max_active: 1,
+            queue_capacity: 2,
+            prefill_chunk: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let h = Harness::new();
+    let reqs = [request(&PROMPT, 6, 0.0), request(&PROMPT, 6, 0.8)];
+    for (i, r) in reqs.iter().enumerate() {
+        sched.submit(h.job(i, r.clone(), None)).unwrap();
+    }
+    expect_plain(&h, &reqs);
+    let mut want = vec![true; 4];
+    want.extend([false; 6]);
+    assert_eq!(*backend.ahead.lock().unwrap(), want);
+    // A generation stepped on its own (`run`, `chat`) asks the same.
+    generate(&*backend, &reqs[0], &Stats::default(), |_, _| {
+        Flow::Continue
+    })
+    .unwrap();
+    want.extend([true, true, true, true, false]);
+    assert_eq!(*backend.ahead.lock().unwrap(), want);
 }
 
 /// With a drafter, concurrent jobs' checks share batched passes (and the re-runs of refused guesses a second
