@@ -1659,18 +1659,12 @@ impl CudaModel {
         let t0 = Instant::now();
         let pos = session.pos;
         let mut arena = self.arena.lock().unwrap();
-        let ran = session.ahead.take();
-        let taken = ran
-            .as_ref()
-            .is_some_and(|g| g.token == token && g.ticket == arena.issued.get());
-        if ran.is_some() {
-            let c = &mut self.cache.lock().unwrap().counters;
-            *(if taken {
-                &mut c.ahead_taken
-            } else {
-                &mut c.ahead_discarded
-            }) += 1;
-        }
+        // Whether a step ran ahead, and whether it is taken over.
+        let ran = session
+            .ahead
+            .take()
+            .map(|g| g.token == token && g.ticket == arena.issued.get());
+        let taken = ran == Some(true);
         if !taken {
             self.reserve(session, if ahead { 2 } else { 1 })?;
             self.size_arena(&mut arena, 1, session.mla_cap())?;
@@ -1684,6 +1678,7 @@ impl CudaModel {
                     Err(e) => {
                         *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
                         drop(arena);
+                        self.note_step(ran, 0.0, 0.0);
                         return self.forward(session, &[token], LogitRows::Last, stats);
                     }
                 }
@@ -1697,7 +1692,7 @@ impl CudaModel {
         if next {
             self.launch_step(&arena, session, pos + 1)?;
         }
-        self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
+        let issue_secs = t0.elapsed().as_secs_f64();
         // This step's results.
         let par = pos & 1;
         let pk = &self.picks;
@@ -1707,7 +1702,7 @@ impl CudaModel {
         let ms = pk.span[par][0]
             .elapsed_ms(&pk.span[par][1])
             .map_err(|e| anyhow!("{e:?}"))?;
-        self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
+        self.note_step(ran, issue_secs, ms as f64 / 1e3);
         let v = self.cfg.vocab_size;
         // SAFETY: the host buffer holds [2][v + 1] floats, written by a copy that has completed.
         let out = unsafe {
@@ -1720,6 +1715,19 @@ impl CudaModel {
             ticket: arena.issued.get(),
         });
         Ok(out[..v].to_vec())
+    }
+
+    /// A graphed step's counters, under one lock: the step run ahead before it (`Some(taken over)`), the host's
+    /// time issuing and the GPU's span.
+    fn note_step(&self, ran: Option<bool>, issue_secs: f64, gpu_secs: f64) {
+        let c = &mut self.cache.lock().unwrap().counters;
+        match ran {
+            Some(true) => c.ahead_taken += 1,
+            Some(false) => c.ahead_discarded += 1,
+            None => {}
+        }
+        c.issue_secs += issue_secs;
+        c.gpu_secs += gpu_secs;
     }
 
     /// What a session's graph must have been captured with to replay now.
