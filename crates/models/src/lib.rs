@@ -1,4 +1,4 @@
-//! Model families, each in one file that reads like its contract: [`kimi_k3`] and [`kimi_linear`], built
+//! Model families, each in one file that reads like its contract (docs/k3-model-contract.md, cited as "contract §N"): [`kimi_k3`] and [`kimi_linear`], built
 //! from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels. [`Model`] runs them through the
 //! [`Backend`] trait, which the engine drives.
 
