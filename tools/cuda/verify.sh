@@ -50,6 +50,25 @@ if [ "$MODE" != bench ]; then
   fi
   cp "$W"/kimi_k3-small-*.npy "$OUT/" 2>/dev/null
 
+  log "== a partial remote mirror on the GPU (a local range server, a spine-only fetch)"
+  for arch in kimi_k3 kimi_linear; do
+    m=$(checkpoint "$BIN" $arch tiny)
+    port=18440; [ $arch = kimi_linear ] && port=18441
+    python3 tools/bench/slow_server.py "$m" $port 0 >/dev/null 2>&1 &
+    hpid=$!
+    for _ in $(seq 50); do curl -sf -o /dev/null -r 0-0 "http://127.0.0.1:$port/config.json" && break; sleep 0.1; done
+    mm=$W/$arch-mirror; rm -rf "$mm"
+    "$BIN" fetch --from "http://127.0.0.1:$port" --out "$mm" --spine-only >/dev/null 2>"$W/fetch.err" || { log "FAIL $arch: spine-only fetch"; cat "$W/fetch.err" | tee -a "$REPORT"; fail=1; }
+    # Offline, with no expert local: refused with the CPU's message, nothing computed from the sparse files' holes.
+    "$BIN" run --model "$mm" --offline --device cuda --prompt-ids $PROMPT --max-new 2 >/dev/null 2>"$W/off-gpu.err"; rg=$?
+    "$BIN" run --model "$mm" --offline --prompt-ids $PROMPT --max-new 2 >/dev/null 2>"$W/off-cpu.err"; rc=$?
+    if [ $rg -ne 0 ] && [ $rc -ne 0 ] && grep -q "not in the local cache" "$W/off-gpu.err"; then log "  $arch: --offline with missing experts refused on CUDA as on the CPU"; else log "  $arch: --offline with missing experts NOT refused like the CPU (cuda exit $rg)"; cat "$W/off-gpu.err" | tee -a "$REPORT"; fail=1; fi
+    "$BIN" run --model "$mm" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$arch-mirror-gpu.npy" >/dev/null 2>"$W/mirror.err" || { log "FAIL $arch: cuda run on the mirror"; tail -3 "$W/mirror.err" | tee -a "$REPORT"; fail=1; }
+    "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$arch-local-gpu.npy" >/dev/null 2>&1
+    if cmp -s "$W/$arch-mirror-gpu.npy" "$W/$arch-local-gpu.npy"; then log "  $arch: CUDA on a spine-only mirror bit-identical to the local run"; else log "  $arch: CUDA on a spine-only mirror DIFFERS from the local run"; fail=1; fi
+    kill $hpid; wait $hpid 2>/dev/null
+  done
+
   log "== the backend's GPU tests (crates/cuda/tests/gpu.rs)"
   if [ -z "$TESTS" ]; then
     log "FAIL: no GPU test binary given (the 4th argument)"; fail=1

@@ -7,7 +7,7 @@ Writes float64 logits of shape [len(ids), vocab_size]: row t is the next-token d
 ids[0..=t] (teacher forcing, causal). `--check-margins` prints to stderr, per MoE layer, the smallest
 gap between the k-th and (k+1)-th selection score (sigmoid + correction bias) over all positions.
 
-Spec: shared/docs/k3-model-contract.md ("contract", section and step numbers cited below) and
+Spec: docs/k3-model-contract.md ("contract", section and step numbers cited below) and
 docs/checkpoint-layout.md ("layout") for kimi_linear, which follows transformers 5.17 KimiLinear.
 Only numpy; every activation, state and cache is float64. Formulations are deliberately the plain
 ones (expanded MLA keys/values, step-by-step KDA recurrence), not the engine's.

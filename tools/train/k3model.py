@@ -1,4 +1,4 @@
-"""A small Kimi K3 in PyTorch, written from shared/docs/k3-model-contract.md section 4.
+"""A small Kimi K3 in PyTorch, written from docs/k3-model-contract.md section 4.
 
 Same layer types in the same schedule as K3: KDA layers with MLA at the 1-based layers listed in
 `full_attn_layers`, Block Attention Residuals, gated NoPE MLA with a low-rank query, KDA with the

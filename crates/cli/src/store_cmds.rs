@@ -48,7 +48,7 @@ pub struct DiskProbeArgs {
 
 pub fn pack(a: PackArgs) -> Result<()> {
     deltafin_formats::mirror::require_complete(&a.model, "packing it")?;
-    let (sources, layers, record_len) = deltafin_models::expert_sources(&a.model)?;
+    let (sources, layers, record_len) = deltafin_store::record::expert_sources(&a.model)?;
     let identity = deltafin_models::model_identity(&a.model)?;
     let weights = match a.weights {
         Some(w) => w,

@@ -501,3 +501,66 @@ fn without_a_manifest_the_mirror_works_and_says_it_is_unverified() {
     );
     assert!(err.contains("no config.json"), "{err}");
 }
+
+/// The bytes of expert `e` of `layer` as the checkpoint in `dir` stores them (its one record span).
+fn expert_bytes(dir: &Path, layer: usize, e: usize) -> Vec<u8> {
+    let (files, layers, len) = deltafin_store::record::expert_sources(dir).unwrap();
+    let mut out = Vec::with_capacity(len);
+    for x in &layers[layer][e].extents {
+        let all = std::fs::read(&files[x.file]).unwrap();
+        out.extend_from_slice(&all[x.offset as usize..x.offset as usize + x.len]);
+    }
+    out
+}
+
+/// Experts `ids` of `layer` read through `store`, in id order.
+fn read_experts(store: &deltafin_store::ExpertStore, layer: usize, ids: &[usize]) -> Vec<Vec<u8>> {
+    let mut fetch = store.fetch(layer, ids);
+    let mut got = Vec::new();
+    while let Some(r) = fetch.next() {
+        let r = r.unwrap();
+        got.push((r.expert, r.bytes().to_vec()));
+    }
+    got.sort();
+    got.into_iter().map(|(_, b)| b).collect()
+}
+
+#[test]
+fn the_cuda_backend_opens_a_partial_mirror_through_the_cpu_path_and_never_reads_holes() {
+    use deltafin_models::{LoadOptions, Model};
+    use std::sync::Arc;
+    let (src, server, _t, m) = setup(6);
+    fetch_spine(&server, &m);
+    server.take_seen();
+
+    // Without its remote source, the CUDA backend's model source is refused with the CPU's own message.
+    let plain = LoadOptions::default();
+    let cpu = Model::load_with(&m, &plain).err().expect("the CPU refuses");
+    let cuda = deltafin_cuda::Source::open(&m, &plain)
+        .err()
+        .expect("the CUDA source refuses");
+    assert_eq!(format!("{cpu:#}"), format!("{cuda:#}"));
+    assert!(server.take_seen().is_empty());
+
+    // With it, every expert the CUDA backend reads is fetched (and journaled) first: the source's bytes, not the
+    // sparse files' zeros.
+    let source = deltafin_remote::Source::new(server.url(), Default::default()).unwrap();
+    let mirror =
+        deltafin_remote::open_mirror(&m, Some(source), Default::default(), &|_, _| {}).unwrap();
+    let load = LoadOptions {
+        backfill: Some(Arc::new(mirror)),
+        ..LoadOptions::default()
+    };
+    let opened = deltafin_cuda::Source::open(&m, &load).unwrap();
+    let ids = [0, 5, 15];
+    let got = read_experts(&opened.experts.store, 2, &ids);
+    for (bytes, &e) in got.iter().zip(&ids) {
+        assert_eq!(*bytes, expert_bytes(&model_dir(&src), 2, e), "expert {e}");
+        assert!(bytes.iter().any(|&b| b != 0));
+    }
+    assert!(!range_requests(&server.take_seen()).is_empty());
+    let journal = std::fs::read_to_string(m.join(".deltafin-mirror/journal")).unwrap();
+    for e in ids {
+        assert!(journal.contains(&format!("expert 2 {e} ")), "{journal}");
+    }
+}

@@ -19,7 +19,7 @@ pub mod probe;
 pub mod timeline;
 
 pub use gpu::availability;
-pub use model::{CudaCounters, CudaModel, CudaOptions, CudaSession, RecordLayout};
+pub use model::{CudaCounters, CudaModel, CudaOptions, CudaSession, Source};
 
 use anyhow::{bail, Result};
 

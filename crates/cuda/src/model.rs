@@ -12,8 +12,11 @@ use cudarc::driver::{result as cu, sys, CudaContext, CudaEvent, CudaGraph};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::weights::{Linear, Loader};
-use deltafin_models::{layer_prefix, split_rows, Backend, LoadOptions, LogitRows, Pass, Stats};
-use deltafin_store::{ExpertStore, RecordRef, StoreOptions};
+use deltafin_models::{
+    open_expert_store, split_rows, Backend, LoadOptions, LogitRows, ModelExperts, Pass, Stats,
+};
+use deltafin_store::record::{layer_prefix, Encoding, ExpertRecord};
+use deltafin_store::{ExpertStore, RecordRef};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -253,80 +256,65 @@ struct Layer {
     ffn: Ffn,
 }
 
-/// The record layout of one expert: tensor offsets inside the record, and its encoding.
-#[derive(Clone, Copy, Debug)]
-pub struct RecordLayout {
-    pub mxfp4: bool,
-    pub width: usize,
-    pub inter: usize,
-    pub parts: [u64; 6],
-    pub len: usize,
-}
-
-impl RecordLayout {
-    pub fn new(cfg: &ModelConfig) -> RecordLayout {
-        let inter = cfg.moe.intermediate;
-        let (mxfp4, width) = match cfg.family {
-            Family::KimiK3 => (true, cfg.moe.latent.unwrap_or(cfg.hidden)),
-            Family::KimiLinear => (false, cfg.hidden),
-        };
-        // Checkpoint order: w1 [inter, width], w2 [width, inter], w3 [inter, width]; MXFP4: packed then scales.
-        let sizes: Vec<usize> = if mxfp4 {
-            [(inter, width), (width, inter), (inter, width)]
-                .iter()
-                .flat_map(|&(r, c)| [r * c / 2, r * c / 32])
-                .collect()
-        } else {
-            vec![inter * width * 2; 3]
-        };
-        let mut parts = [0u64; 6];
-        let mut at = 0usize;
-        for (i, s) in sizes.iter().enumerate() {
-            parts[i] = at as u64;
-            at += s;
-        }
-        RecordLayout {
-            mxfp4,
-            width,
-            inter,
-            parts,
-            len: at,
-        }
-    }
-
+/// What the CUDA expert kernels need of the shared record layout ([`ExpertRecord`], the one description of
+/// where an expert's tensors sit): which kernels read it, and the shared memory they stage it in.
+trait ExpertKernels {
+    fn mxfp4(&self) -> bool;
+    /// The record's tensor offsets as the kernels take them (BF16 fills the first three).
+    fn offsets(&self) -> [u64; 6];
     /// The expert kernels (up, down) of this encoding that take `rows` x rows a pass over the weights (see
     /// `rows_per_pass`), and the activation they apply (0 SiTU, 1 SiLU).
+    fn kernels(&self, rows: usize) -> (&'static str, &'static str, usize);
+    /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
+    /// free columns of the same tensor-core MMAs), BF16 one.
+    fn rows_per_pass(&self) -> usize;
+    /// Dynamic shared memory of an expert kernel's block that stages `rows` x rows of `len` elements: for BF16
+    /// four warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 per row the block scales'
+    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
+    fn expert_smem(&self, len: usize, rows: usize) -> usize;
+    /// Dynamic shared memory of an `mx_repack` block: one 32-row group of a tensor, 16 bytes per column of the
+    /// longer side.
+    fn repack_smem(&self) -> usize;
+}
+
+impl ExpertKernels for ExpertRecord {
+    fn mxfp4(&self) -> bool {
+        self.encoding == Encoding::Mxfp4
+    }
+
+    fn offsets(&self) -> [u64; 6] {
+        let mut at = [0u64; 6];
+        let n = if self.mxfp4() { 6 } else { 3 };
+        for (i, o) in at.iter_mut().enumerate().take(n) {
+            *o = self.part(i).0 as u64;
+        }
+        at
+    }
+
     fn kernels(&self, rows: usize) -> (&'static str, &'static str, usize) {
-        match (self.mxfp4, rows) {
+        match (self.mxfp4(), rows) {
             (true, 1) => ("expert_up_mx", "expert_down_mx", 0),
             (true, _) => ("expert_up_mx2", "expert_down_mx2", 0),
             (false, _) => ("expert_up_bf16", "expert_down_bf16", 1),
         }
     }
 
-    /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
-    /// free columns of the same tensor-core MMAs), BF16 one.
     fn rows_per_pass(&self) -> usize {
-        if self.mxfp4 {
+        if self.mxfp4() {
             2
         } else {
             1
         }
     }
 
-    /// Dynamic shared memory of an expert kernel's block that stages `rows` x rows of `len` elements: for BF16
-    /// four warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 per row the block scales'
-    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
     fn expert_smem(&self, len: usize, rows: usize) -> usize {
-        if self.mxfp4 {
+        if self.mxfp4() {
             rows * (4 * 256 + 6 * len)
         } else {
             4 * 2 * 32 * 9 * 16 + 4 * len
         }
     }
 
-    /// Dynamic shared memory of an `mx_repack` block: one 32-row group of a tensor, 16 bytes per column of the
-    /// longer side.
     fn repack_smem(&self) -> usize {
         16 * self.width.max(self.inter)
     }
@@ -358,7 +346,7 @@ pub struct CudaModel {
     _spine: Vec<DevBuf>,
     streamed: Option<Streamed>,
     store: Arc<ExpertStore>,
-    layout: RecordLayout,
+    layout: Arc<ExpertRecord>,
     cache: Mutex<ExpertCache>,
     arena: Mutex<Arena>,
     spine_bytes: u64,
@@ -782,9 +770,39 @@ impl Backend for CudaModel {
     }
 }
 
+/// What a CUDA model is built from, all of it taken from the shared model description: the config, the
+/// checkpoint, and the routed experts opened by [`open_expert_store`] exactly as the CPU opens them (a partial
+/// mirror fills and verifies an expert before it is read, or the load is refused with the CPU's message). It
+/// needs no GPU, so tests inspect it on any machine.
+pub struct Source {
+    pub cfg: ModelConfig,
+    pub ck: Checkpoint,
+    pub experts: ModelExperts,
+}
+
+impl Source {
+    pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let ck = Checkpoint::open(dir)?;
+        let mut load = load.clone();
+        // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
+        load.store.prefetch = false;
+        let experts = open_expert_store(dir, &ck, &cfg, &load)?;
+        Ok(Source { cfg, ck, experts })
+    }
+}
+
 impl CudaModel {
     pub fn load(dir: &Path, load: &LoadOptions, opts: &CudaOptions) -> Result<CudaModel> {
-        let cfg = ModelConfig::from_dir(dir)?;
+        let Source {
+            cfg,
+            ck,
+            experts:
+                ModelExperts {
+                    store,
+                    record: layout,
+                },
+        } = Source::open(dir, load)?;
         let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
         if values > MIX_VALUES {
             bail!(
@@ -796,16 +814,6 @@ impl CudaModel {
             );
         }
         let gpu = Gpu::open(opts.ordinal, opts.timeline)?;
-        let ck = Checkpoint::open(dir)?;
-        let (store, layout) = open_store(dir, &cfg, load)?;
-        // Whole 32-element blocks per row; every tensor of a record then starts 16-byte aligned.
-        if !layout.width.is_multiple_of(32) || !layout.inter.is_multiple_of(32) {
-            bail!(
-                "expert shapes {}x{}: the CUDA kernels need multiples of 32",
-                layout.inter,
-                layout.width
-            );
-        }
         // Shared memory per block: the expert kernels stage their x (width elements up, inter down); mx_repack
         // rearranges one 32-row group of a tensor.
         let mut needs = Vec::new();
@@ -814,7 +822,7 @@ impl CudaModel {
             needs.push((up, layout.expert_smem(layout.width, rows)));
             needs.push((down, layout.expert_smem(layout.inter, rows)));
         }
-        if layout.mxfp4 {
+        if layout.mxfp4() {
             needs.push(("mx_repack", layout.repack_smem()));
         }
         for (k, need) in needs {
@@ -1063,7 +1071,7 @@ impl CudaModel {
         let (spine, streamed) = place_spine(&gpu, head, blocks, opts.spine_vram)?;
 
         // The VRAM expert cache.
-        let slot_len = layout.len.div_ceil(256) * 256;
+        let slot_len = layout.len().div_ceil(256) * 256;
         let records: usize =
             (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
         let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
@@ -1087,7 +1095,7 @@ impl CudaModel {
         let held_cap = (store.slots() / 2).max(1);
         let resident = n_slots == records;
         let staging = (0..if slab_registered { 0 } else { 4 })
-            .map(|_| Ok((Pinned::new(&gpu, layout.len, true)?, gpu.event()?)))
+            .map(|_| Ok((Pinned::new(&gpu, layout.len(), true)?, gpu.event()?)))
             .collect::<Result<Vec<_>>>()?;
         let cache = ExpertCache {
             slots,
@@ -1161,7 +1169,7 @@ impl CudaModel {
     }
 
     pub fn record_len(&self) -> usize {
-        self.layout.len
+        self.layout.len()
     }
 
     pub fn expert_slots(&self) -> usize {
@@ -2234,7 +2242,7 @@ impl CudaModel {
         todo: &[(usize, u64)],
         held: &mut Vec<RecordRef<'s>>,
     ) -> Result<()> {
-        let len = self.layout.len;
+        let len = self.layout.len();
         let ids: Vec<usize> = todo.iter().map(|t| t.0).collect();
         let mut fetch = self.store.fetch(layer, &ids);
         while let Some(rec) = fetch.next() {
@@ -2272,7 +2280,7 @@ impl CudaModel {
                 .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
                 ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
             }
-            if self.layout.mxfp4 {
+            if self.layout.mxfp4() {
                 cache
                     .copied
                     .record(&self.gpu.copy)
@@ -2302,7 +2310,7 @@ impl CudaModel {
         )
         .on(On::Prep)
         .p(dst)
-        .parts(lay.parts)
+        .parts(lay.offsets())
         .i(lay.width)
         .i(lay.inter)
         .go()
@@ -2310,7 +2318,7 @@ impl CudaModel {
 
     /// An event after every copy issued so far and, for MXFP4 experts, their rearrangement.
     fn copies_done(&self) -> Result<CudaEvent> {
-        let s = if self.layout.mxfp4 {
+        let s = if self.layout.mxfp4() {
             &self.gpu.prep
         } else {
             &self.gpu.copy
@@ -2383,7 +2391,7 @@ impl CudaModel {
         stats.expert_uses.fetch_add(uses as u64, Ordering::Relaxed);
         stats
             .expert_bytes
-            .fetch_add((uses * self.layout.len) as u64, Ordering::Relaxed);
+            .fetch_add((uses * self.layout.len()) as u64, Ordering::Relaxed);
     }
 
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
@@ -2496,7 +2504,7 @@ impl CudaModel {
         .i(lay.width)
         .i(lay.inter)
         .i(act_kind)
-        .parts(lay.parts)
+        .parts(lay.offsets())
         .go()?;
         Launch::new(
             &self.gpu,
@@ -2511,7 +2519,7 @@ impl CudaModel {
         .p(y)
         .i(lay.width)
         .i(lay.inter)
-        .parts(lay.parts)
+        .parts(lay.offsets())
         .go()
     }
 }
@@ -2597,51 +2605,6 @@ fn place_spine(
             freed: [gpu.event()?, gpu.event()?],
         }),
     ))
-}
-
-/// The CPU path's expert store over the checkpoint's shards or a pack: the RAM cache and the disk below VRAM.
-fn open_store(
-    dir: &Path,
-    cfg: &ModelConfig,
-    load: &LoadOptions,
-) -> Result<(Arc<ExpertStore>, RecordLayout)> {
-    let layout = RecordLayout::new(cfg);
-    let mut opts: StoreOptions = load.store.clone();
-    opts.working_slots = opts.working_slots.max(2 * cfg.moe.top_k);
-    // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
-    opts.prefetch = false;
-    let (files, layers, origin) = match &load.pack {
-        None => {
-            let (paths, layers, record_len) = deltafin_models::expert_sources(dir)?;
-            if record_len != layout.len {
-                bail!(
-                    "expert records are {record_len} bytes; the CUDA layout expects {}",
-                    layout.len
-                );
-            }
-            (
-                paths.into_iter().map(|p| (p, 0)).collect::<Vec<_>>(),
-                layers,
-                format!("checkpoint {}", dir.display()),
-            )
-        }
-        Some(pack) => {
-            let manifest =
-                deltafin_store::pack::open_pack(pack, &deltafin_models::model_identity(dir)?)?;
-            if manifest.record_len != layout.len {
-                bail!(
-                    "the pack at {} has {}-byte records; this model's are {}",
-                    pack.display(),
-                    manifest.record_len,
-                    layout.len
-                );
-            }
-            let (files, layers) = manifest.records(cfg.num_layers)?;
-            (files, layers, format!("pack {}", pack.display()))
-        }
-    };
-    let store = ExpertStore::new(&files, layers, layout.len, opts, origin)?;
-    Ok((Arc::new(store), layout))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The per-layer building blocks both families share: which attention, which feed-forward, and their state.
 
-use crate::experts::{ExpertLayout, ExpertSet, Stats};
+use crate::experts::{ExpertSet, Stats};
 use crate::kda::{Kda, KdaState};
 use crate::mla::{LatentCache, Mla};
 use crate::moe::{Mlp, Moe};
@@ -8,7 +8,8 @@ use crate::ops::Act;
 use crate::weights::Loader;
 use crate::{Pass, Session};
 use anyhow::Result;
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::ModelConfig;
+use deltafin_store::record::ExpertRecord;
 use deltafin_store::ExpertStore;
 use std::sync::Arc;
 
@@ -82,10 +83,7 @@ impl FeedForward {
         layer: usize,
         experts: &ModelExperts,
     ) -> Result<FeedForward> {
-        let act = match cfg.family {
-            Family::KimiK3 => Act::Situ,
-            Family::KimiLinear => Act::SiluGlu,
-        };
+        let act = Act::of(cfg.family);
         if cfg.is_dense(layer) {
             return Ok(FeedForward::Dense(Box::new(Mlp::load(
                 &ld.sub("mlp."),
@@ -94,7 +92,7 @@ impl FeedForward {
                 act,
             )?)));
         }
-        let set = ExpertSet::new(experts.store.clone(), layer, experts.layout.clone());
+        let set = ExpertSet::new(experts.store.clone(), layer, experts.record.clone(), act);
         Ok(FeedForward::Moe(Box::new(Moe::load(ld, cfg, set)?)))
     }
 
@@ -140,5 +138,5 @@ pub fn initial_states(cfg: &ModelConfig) -> Vec<LayerState> {
 #[derive(Clone)]
 pub struct ModelExperts {
     pub store: Arc<ExpertStore>,
-    pub layout: Arc<ExpertLayout>,
+    pub record: Arc<ExpertRecord>,
 }

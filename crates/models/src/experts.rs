@@ -4,11 +4,9 @@
 
 use crate::ops::Act;
 use anyhow::{bail, Result};
-use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_formats::Dtype;
 use deltafin_kernels::{matmul, Matrix};
-use deltafin_store::{ExpertStore, Extent, RecordLoc};
+use deltafin_store::record::{Encoding, ExpertRecord};
+use deltafin_store::ExpertStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -82,155 +80,31 @@ impl Stats {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Encoding {
-    /// K3: w1/w2/w3 each as `weight_packed` + `weight_scale` (MXFP4, e8m0 per 32 inputs).
-    Mxfp4,
-    /// Kimi Linear: w1/w2/w3 `.weight` in BF16.
-    Bf16,
-}
-
-/// The shape of one expert record: its tensors in checkpoint order (w1, w2, w3; packed then scale for MXFP4).
-#[derive(Debug)]
-pub struct ExpertLayout {
-    encoding: Encoding,
-    act: Act,
-    /// Input/output width (K3: the latent; Kimi Linear: hidden) and intermediate width.
-    width: usize,
-    inter: usize,
-    tensors: Vec<(String, Dtype, Vec<usize>)>,
-    /// (offset, length) of each tensor inside the record.
-    parts: Vec<(usize, usize)>,
-}
-
-impl ExpertLayout {
-    pub fn new(cfg: &ModelConfig) -> Result<ExpertLayout> {
-        let inter = cfg.moe.intermediate;
-        let (encoding, act, width) = match cfg.family {
-            Family::KimiK3 => (
-                Encoding::Mxfp4,
-                Act::Situ,
-                cfg.moe.latent.unwrap_or(cfg.hidden),
-            ),
-            Family::KimiLinear => (Encoding::Bf16, Act::SiluGlu, cfg.hidden),
-        };
-        if !width.is_multiple_of(32) || !inter.is_multiple_of(32) {
-            bail!(
-                "expert widths {width} and {inter} must be multiples of 32 (the MXFP4 group size)"
-            );
-        }
-        let shapes = [
-            ("w1", inter, width),
-            ("w2", width, inter),
-            ("w3", inter, width),
-        ];
-        let tensors: Vec<(String, Dtype, Vec<usize>)> = match encoding {
-            Encoding::Mxfp4 => shapes
-                .iter()
-                .flat_map(|&(w, rows, cols)| {
-                    [
-                        (
-                            format!("{w}.weight_packed"),
-                            Dtype::U8,
-                            vec![rows, cols / 2],
-                        ),
-                        (
-                            format!("{w}.weight_scale"),
-                            Dtype::U8,
-                            vec![rows, cols / 32],
-                        ),
-                    ]
-                })
-                .collect(),
-            Encoding::Bf16 => shapes
-                .iter()
-                .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
-                .collect(),
-        };
-        let mut parts = Vec::new();
-        let mut at = 0;
-        for (_, dtype, shape) in &tensors {
-            let len = shape.iter().product::<usize>() * dtype.size();
-            parts.push((at, len));
-            at += len;
-        }
-        Ok(ExpertLayout {
-            encoding,
-            act,
-            width,
-            inter,
-            tensors,
-            parts,
-        })
-    }
-
-    pub fn record_len(&self) -> usize {
-        self.parts.iter().map(|p| p.1).sum()
-    }
-
-    /// Where every expert of every MoE layer lives in the checkpoint (empty lists for dense layers), checking
-    /// each tensor's dtype and shape. Consecutive tensors merge into one extent: one read per K3 expert.
-    pub fn locate(
-        &self,
-        ck: &Checkpoint,
-        prefix: &str,
-        cfg: &ModelConfig,
-    ) -> Result<Vec<Vec<RecordLoc>>> {
-        (0..cfg.num_layers)
-            .map(|l| {
-                if cfg.is_dense(l) {
-                    return Ok(Vec::new());
-                }
-                (0..cfg.moe.num_experts)
-                    .map(|e| {
-                        let mut extents: Vec<Extent> = Vec::new();
-                        for (name, dtype, shape) in &self.tensors {
-                            let full =
-                                format!("{prefix}layers.{l}.block_sparse_moe.experts.{e}.{name}");
-                            let info = ck.expect(&full, &[*dtype], shape)?;
-                            match extents.last_mut() {
-                                Some(x)
-                                    if x.file == info.shard
-                                        && x.offset + x.len as u64 == info.offset =>
-                                {
-                                    x.len += info.nbytes as usize
-                                }
-                                _ => extents.push(Extent {
-                                    file: info.shard,
-                                    offset: info.offset,
-                                    len: info.nbytes as usize,
-                                }),
-                            }
-                        }
-                        Ok(RecordLoc {
-                            extents,
-                            checksum: None,
-                        })
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-}
-
 /// One MoE layer's routed experts, served by the store.
 pub struct ExpertSet {
     pub store: Arc<ExpertStore>,
     pub layer: usize,
-    layout: Arc<ExpertLayout>,
+    record: Arc<ExpertRecord>,
+    act: Act,
 }
 
 impl ExpertSet {
-    pub fn new(store: Arc<ExpertStore>, layer: usize, layout: Arc<ExpertLayout>) -> ExpertSet {
+    pub fn new(
+        store: Arc<ExpertStore>,
+        layer: usize,
+        record: Arc<ExpertRecord>,
+        act: Act,
+    ) -> ExpertSet {
         ExpertSet {
             store,
             layer,
-            layout,
+            record,
+            act,
         }
     }
 
     pub fn width(&self) -> usize {
-        self.layout.width
+        self.record.width
     }
 
     /// `y = W2 · act(W1 x, W3 x)` for `n` rows of `x`, with expert `e`'s weights in `record`.
@@ -242,8 +116,11 @@ impl ExpertSet {
         n: usize,
         stats: &Stats,
     ) -> Result<Vec<f32>> {
-        let lay = &*self.layout;
-        let part = |i: usize| &record[lay.parts[i].0..lay.parts[i].0 + lay.parts[i].1];
+        let lay = &*self.record;
+        let part = |i: usize| {
+            let (at, len) = lay.part(i);
+            &record[at..at + len]
+        };
         let (inter, width) = (lay.inter, lay.width);
         let mut h1 = vec![0.0; n * inter];
         let mut h3 = vec![0.0; n * inter];
@@ -269,7 +146,7 @@ impl ExpertSet {
                 };
                 matmul(&mx(0, inter, width), x, n, &mut h1);
                 matmul(&mx(4, inter, width), x, n, &mut h3);
-                lay.act.apply(&h1, &h3, &mut a);
+                self.act.apply(&h1, &h3, &mut a);
                 matmul(&mx(2, width, inter), &a, n, &mut y);
             }
             Encoding::Bf16 => {
@@ -295,7 +172,7 @@ impl ExpertSet {
                     n,
                     &mut h3,
                 );
-                lay.act.apply(&h1, &h3, &mut a);
+                self.act.apply(&h1, &h3, &mut a);
                 matmul(
                     &Matrix::Bf16 {
                         data: &w2,

@@ -1,6 +1,6 @@
-//! Model families, each in one file that reads like its contract: [`kimi_k3`] and [`kimi_linear`], built
-//! from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels. [`Model`] runs them through the
-//! [`Backend`] trait, which the engine drives.
+//! Model families, each in one file that reads like its contract (docs/k3-model-contract.md, cited as
+//! "contract §N"): [`kimi_k3`] and [`kimi_linear`], built from shared blocks ([`kda`], [`mla`], [`moe`]) over
+//! the CPU kernels. [`Model`] runs them through the [`Backend`] trait, which the engine drives.
 
 pub mod backend;
 pub mod blocks;
@@ -17,11 +17,11 @@ pub mod weights;
 use anyhow::{bail, Result};
 pub use backend::{batch_tokens, split_rows, Backend, Pass};
 use blocks::LayerState;
-use blocks::ModelExperts;
+pub use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_store::record::{is_routed_expert, layer_prefix, ExpertRecord};
 use deltafin_store::{Backfill, ExpertStore, StoreOptions};
-use experts::ExpertLayout;
 pub use experts::Stats;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -88,15 +88,9 @@ impl Model {
     }
 
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Model> {
-        if opts.backfill.is_none() {
-            deltafin_formats::mirror::require_complete(
-                dir,
-                "loading it without its remote source",
-            )?;
-        }
         let cfg = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open(dir)?);
-        let experts = open_experts(dir, &ck, &cfg, opts)?;
+        let experts = open_expert_store(dir, &ck, &cfg, opts)?;
         let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
         Ok(match cfg.family {
             Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts, &resident)?),
@@ -217,14 +211,6 @@ pub fn check_batch<S>(cfg: &ModelConfig, batch: &[Pass<'_, S>]) -> Result<()> {
     Ok(())
 }
 
-/// The tensor-name prefix of a family's layers.
-pub fn layer_prefix(family: Family) -> &'static str {
-    match family {
-        Family::KimiK3 => "language_model.model.",
-        Family::KimiLinear => "model.",
-    }
-}
-
 /// Identifies a checkpoint for packs: a hash of its config and its tensor index (names, shapes, places).
 pub fn model_identity(dir: &Path) -> Result<String> {
     let mut bytes = std::fs::read(dir.join("config.json"))?;
@@ -232,11 +218,6 @@ pub fn model_identity(dir: &Path) -> Result<String> {
         bytes.extend_from_slice(&index);
     }
     Ok(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)))
-}
-
-/// Whether a tensor belongs to a routed expert (read when routed) rather than the spine.
-pub fn is_routed_expert(name: &str) -> bool {
-    name.contains(".experts.")
 }
 
 /// Bytes of the spine one decode step reads: every non-expert tensor except the embedding table, of which a
@@ -258,21 +239,6 @@ pub fn resident_bytes(dir: &Path) -> Result<u64> {
         .filter(|t| !is_routed_expert(&t.name))
         .map(|t| t.nbytes)
         .sum())
-}
-
-/// Where the routed experts of a checkpoint are, and the record layout: for `deltafin pack`.
-pub fn expert_sources(
-    dir: &Path,
-) -> Result<(Vec<PathBuf>, Vec<Vec<deltafin_store::RecordLoc>>, usize)> {
-    let cfg = ModelConfig::from_dir(dir)?;
-    let ck = Checkpoint::open(dir)?;
-    let layout = ExpertLayout::new(&cfg)?;
-    let layers = layout.locate(&ck, layer_prefix(cfg.family), &cfg)?;
-    Ok((
-        ck.shards.iter().map(|s| s.path.clone()).collect(),
-        layers,
-        layout.record_len(),
-    ))
 }
 
 /// Which spine layers stay resident under the memory budget (all of them without one).
@@ -317,21 +283,27 @@ fn plan_spine(
     Ok(spine::plan_resident(&layer_bytes, budget - floor))
 }
 
-fn open_experts(
+/// Opens the routed experts of the checkpoint in `dir` as every backend reads them: a partial mirror only
+/// with its remote source to fill it (`opts.backfill`), otherwise refused; a pack only when its records and
+/// per-layer expert counts are this model's.
+pub fn open_expert_store(
     dir: &Path,
     ck: &Checkpoint,
     cfg: &ModelConfig,
     opts: &LoadOptions,
 ) -> Result<ModelExperts> {
-    let layout = ExpertLayout::new(cfg)?;
-    let record_len = layout.record_len();
+    if opts.backfill.is_none() {
+        deltafin_formats::mirror::require_complete(dir, "loading it without its remote source")?;
+    }
+    let record = ExpertRecord::new(cfg)?;
+    let record_len = record.len();
     let mut store_opts = opts.store.clone();
     // A pass holds one layer's experts at once; give the reads of a whole top-k room to be in flight together,
     // plus as many again for the lookahead.
     store_opts.working_slots = store_opts.working_slots.max(2 * cfg.moe.top_k);
     let store = match &opts.pack {
         None => {
-            let layers = layout.locate(ck, layer_prefix(cfg.family), cfg)?;
+            let layers = record.locate(ck, cfg)?;
             let files: Vec<(PathBuf, usize)> =
                 ck.shards.iter().map(|s| (s.path.clone(), 0)).collect();
             let store = ExpertStore::new(
@@ -380,6 +352,6 @@ fn open_experts(
     };
     Ok(ModelExperts {
         store: Arc::new(store),
-        layout: Arc::new(layout),
+        record: Arc::new(record),
     })
 }

@@ -5,7 +5,7 @@ use crate::experts::{ExpertSet, Stats};
 use crate::ops::{rms_norm, sigmoid, Act};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::ModelConfig;
 
 /// `down(act(gate x, up x))`.
 pub struct Mlp {
@@ -95,10 +95,7 @@ pub struct Moe {
 impl Moe {
     pub fn load(ld: &Loader, cfg: &ModelConfig, experts: ExpertSet) -> Result<Moe> {
         let (h, m) = (cfg.hidden, &cfg.moe);
-        let act = match cfg.family {
-            Family::KimiK3 => Act::Situ,
-            Family::KimiLinear => Act::SiluGlu,
-        };
+        let act = Act::of(cfg.family);
         let latent = match m.latent {
             Some(l) => Some(Latent {
                 down: ld.linear("block_sparse_moe.routed_expert_down_proj.weight", l, h)?,

@@ -1,6 +1,7 @@
 //! Element-wise and per-vector operations, each with one fixed evaluation order so every row's result
 //! depends on that row alone.
 
+use deltafin_formats::config::Family;
 use deltafin_kernels::dot;
 
 /// `RMS(x, w) = w ⊙ (x · rsqrt(mean(x²) + eps))`, in place.
@@ -77,6 +78,14 @@ pub enum Act {
 }
 
 impl Act {
+    /// A family's activation, in its dense MLPs, shared experts and routed experts alike (contract §4).
+    pub fn of(family: Family) -> Act {
+        match family {
+            Family::KimiK3 => Act::Situ,
+            Family::KimiLinear => Act::SiluGlu,
+        }
+    }
+
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = match self {

@@ -296,7 +296,7 @@ impl Mirror {
             _ => None,
         };
         let ck = Checkpoint::open(dir)?;
-        let (paths, records, record_len) = deltafin_models::expert_sources(dir)?;
+        let (paths, records, record_len) = deltafin_store::record::expert_sources(dir)?;
         let shards = paths
             .iter()
             .map(|p| {
@@ -383,7 +383,7 @@ impl Mirror {
         let mut v: Vec<&TensorInfo> = self
             .ck
             .tensors()
-            .filter(|t| !deltafin_models::is_routed_expert(&t.name))
+            .filter(|t| !deltafin_store::record::is_routed_expert(&t.name))
             .collect();
         v.sort_by_key(|t| (t.shard, t.offset));
         v

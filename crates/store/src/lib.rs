@@ -9,6 +9,7 @@ pub mod io;
 pub mod pack;
 pub mod policy;
 pub mod probe;
+pub mod record;
 
 use anyhow::{bail, Result};
 use io::{align_down, align_up, AlignedBuf, Completion, DataFile, IoEngine, IoMode, ReadOp, ALIGN};
