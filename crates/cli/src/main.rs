@@ -278,7 +278,8 @@ fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Res
         std::process::id()
     ));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("cannot remove the leftover {}", tmp.display()))?;
     }
     build(&tmp)?;
     std::fs::rename(&tmp, dir)
