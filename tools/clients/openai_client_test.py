@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Drives a running `deltafin serve` with the official `openai` Python package: models, chat (plain and
 streaming), completions, responses, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
+With --padding-id, also replies made of an id with no text (a padding row of the embedding table).
 
-Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY
+With --template-chat (a family that chats through its own Jinja template), K3's thinking and tools are left out.
+
+Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY [--padding-id ID]
+                             [--template-chat]
 Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/clients.rs.
 """
 
@@ -18,14 +22,52 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def padding_checks(client, model, pad, no_think):
+    """Replies the logit bias makes all padding: no text, every token counted, logprobs with empty bytes."""
+    kw = dict(model=model, max_tokens=5, temperature=0, logit_bias={str(pad): 100})
+    messages = [{"role": "user", "content": "Say hi."}]
+    r = client.chat.completions.create(messages=messages, **no_think, logprobs=True, top_logprobs=2,
+                                       **kw)
+    c = r.choices[0]
+    check(c.message.content == "" and c.finish_reason == "length", f"padding chat: {c}")
+    check(r.usage.completion_tokens == 5, f"padding chat usage {r.usage}")
+    check(len(c.logprobs.content) == 5, f"padding chat logprobs {c.logprobs}")
+    for item in c.logprobs.content:
+        check(item.token == "" and item.bytes == [], f"padding logprob {item}")
+    text, usage = "", None
+    for chunk in client.chat.completions.create(messages=messages, **no_think, stream=True,
+                                                stream_options={"include_usage": True}, **kw):
+        usage = chunk.usage or usage
+        text += "".join(ch.delta.content or "" for ch in chunk.choices)
+    check(text == "" and usage.completion_tokens == 5, f"padding chat stream {text!r} {usage}")
+    two = client.chat.completions.create(messages=messages, **no_think, n=2, **kw)
+    check([ch.message.content for ch in two.choices] == ["", ""] and two.usage.completion_tokens == 10,
+          f"padding n=2: {two}")
+    g = client.completions.create(prompt="Experts stream from", logprobs=1, stop=["e"], **kw)
+    gc = g.choices[0]
+    check(gc.text == "" and gc.finish_reason == "length" and g.usage.completion_tokens == 5, f"padding completion {g}")
+    check(gc.logprobs.tokens == [""] * 5, f"padding completion logprobs {gc.logprobs}")
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        prompt="Experts stream from", stream=True, **kw) if ch.choices)
+    check(streamed == "", f"padding completion stream {streamed!r}")
+    print("padding: replies of ids without text pass")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--api-key", required=True)
     ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--padding-id", type=int, help="an id the model has but the tokenizer has no text for")
+    ap.add_argument("--template-chat", action="store_true", help="the model chats through its Jinja template")
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
+    k3 = not a.template_chat
+    # Thinking off, in K3's words; a template family takes no reasoning_effort at all.
+    no_think = dict(reasoning_effort="none") if k3 else {}
+    if a.padding_id is not None:
+        padding_checks(client, a.model, a.padding_id, no_think)
 
     # Models.
     ids = [m.id for m in client.models.list()]
@@ -35,7 +77,7 @@ def main():
     # Chat, greedy, no thinking: the answer is content.
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
     r = client.chat.completions.create(model=a.model, messages=messages, max_tokens=10, temperature=0,
-                                       reasoning_effort="none", logprobs=True, top_logprobs=2)
+                                       **no_think, logprobs=True, top_logprobs=2)
     choice = r.choices[0]
     check(isinstance(choice.message.content, str), "chat content is a string")
     check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason}")
@@ -48,7 +90,7 @@ def main():
     # Streaming gives the same text, ends with usage when asked.
     text, usage, finish = "", None, None
     stream = client.chat.completions.create(model=a.model, messages=messages, max_tokens=10, temperature=0,
-                                            reasoning_effort="none", stream=True,
+                                            **no_think, stream=True,
                                             stream_options={"include_usage": True})
     for chunk in stream:
         if chunk.usage is not None:
@@ -61,11 +103,12 @@ def main():
     check(finish == choice.finish_reason, "stream finish_reason")
 
     # Thinking on: reasoning arrives as reasoning_content.
-    t = client.chat.completions.create(model=a.model, messages=messages, max_tokens=6, temperature=0,
-                                       reasoning_effort="low")
-    reasoning = (t.choices[0].message.model_extra or {}).get("reasoning_content") or ""
-    check(reasoning or t.choices[0].message.content, "thinking reply has text")
-    check(t.usage.completion_tokens_details.reasoning_tokens > 0, f"reasoning tokens {t.usage}")
+    if k3:
+        t = client.chat.completions.create(model=a.model, messages=messages, max_tokens=6, temperature=0,
+                                           reasoning_effort="low")
+        reasoning = (t.choices[0].message.model_extra or {}).get("reasoning_content") or ""
+        check(reasoning or t.choices[0].message.content, "thinking reply has text")
+        check(t.usage.completion_tokens_details.reasoning_tokens > 0, f"reasoning tokens {t.usage}")
 
     # Seeds: same seed, same text.
     kw = dict(model=a.model, prompt="Experts stream from", max_tokens=16, temperature=1.0, top_p=0.9)
@@ -92,22 +135,23 @@ def main():
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    history = messages + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
-    ]
-    w = client.chat.completions.create(model=a.model, messages=history, tools=tools, tool_choice="auto",
-                                       max_tokens=6, temperature=0, reasoning_effort="none")
-    wc = w.choices[0]
-    check(wc.finish_reason in ("stop", "length", "tool_calls"), f"tools finish_reason {wc.finish_reason}")
-    check(wc.message.tool_calls is None or all(c.type == "function" for c in wc.message.tool_calls),
-          f"tool calls {wc.message.tool_calls}")
-    check(w.usage.prompt_tokens > r.usage.prompt_tokens, "the tools and the history are in the prompt")
+    if k3:
+        history = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+        ]
+        w = client.chat.completions.create(model=a.model, messages=history, tools=tools, tool_choice="auto",
+                                           max_tokens=6, temperature=0, reasoning_effort="none")
+        wc = w.choices[0]
+        check(wc.finish_reason in ("stop", "length", "tool_calls"), f"tools finish_reason {wc.finish_reason}")
+        check(wc.message.tool_calls is None or all(c.type == "function" for c in wc.message.tool_calls),
+              f"tool calls {wc.message.tool_calls}")
+        check(w.usage.prompt_tokens > r.usage.prompt_tokens, "the tools and the history are in the prompt")
 
     # The Responses API: the same greedy text as chat, whole and streamed; function-call history.
     kw = dict(model=a.model, instructions="Be brief.", input="Say hi.", max_output_tokens=10, temperature=0,
-              reasoning={"effort": "none"}, store=False)
+              store=False, **({"reasoning": {"effort": "none"}} if k3 else {}))
     resp = client.responses.create(**kw)
     check(resp.output_text == choice.message.content, f"responses {resp.output_text!r} vs {choice.message.content!r}")
     check(resp.usage.input_tokens == r.usage.prompt_tokens, f"responses usage {resp.usage}")
@@ -119,12 +163,13 @@ def main():
             final = event.response
     check(deltas == resp.output_text and final is not None and final.output_text == resp.output_text,
           f"responses stream {deltas!r}")
-    history = [{"role": "user", "content": "Weather in Paris?"},
-               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-               {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}]
-    rt = client.responses.create(model=a.model, input=history, max_output_tokens=4,
-                                 tools=[{"type": "function", **tools[0]["function"]}], reasoning={"effort": "none"})
-    check(rt.status in ("completed", "incomplete"), f"responses with tools: {rt.status}")
+    if k3:
+        history = [{"role": "user", "content": "Weather in Paris?"},
+                   {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}]
+        rt = client.responses.create(model=a.model, input=history, max_output_tokens=4,
+                                     tools=[{"type": "function", **tools[0]["function"]}], reasoning={"effort": "none"})
+        check(rt.status in ("completed", "incomplete"), f"responses with tools: {rt.status}")
     try:
         client.responses.create(previous_response_id="resp_x", **kw)
         raise AssertionError("previous_response_id: expected a 400")
@@ -145,7 +190,7 @@ def main():
     # Errors are OpenAI-shaped and name the field.
     for kwargs, param in [(dict(n=17), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
                           (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
-                          (dict(tools=tools, tool_choice="required"), "tool_choice")]:
+                          *([(dict(tools=tools, tool_choice="required"), "tool_choice")] if k3 else [])]:
         try:
             client.chat.completions.create(model=a.model, messages=messages, max_tokens=2, **kwargs)
             raise AssertionError(f"{param}: expected a 400")
@@ -168,7 +213,7 @@ def main():
         try:
             out = client.chat.completions.create(
                 model=a.model, messages=[{"role": "user", "content": f"Client {i}"}],
-                max_tokens=64, temperature=0.7, seed=i, reasoning_effort="none")
+                max_tokens=64, temperature=0.7, seed=i, **no_think)
             return "ok" if out.choices[0].finish_reason in ("stop", "length") else "bad"
         except openai.RateLimitError:
             return "429"

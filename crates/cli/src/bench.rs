@@ -373,7 +373,8 @@ fn summarize(steps: &[Step], disk_gbps: f64, batch: usize) -> Summary {
 }
 
 fn largest_shard(dir: &Path) -> Result<PathBuf> {
-    std::fs::read_dir(dir)?
+    std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
         .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))

@@ -305,13 +305,10 @@ fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> 
             if STOP_REPLY.load(Ordering::SeqCst) {
                 return Flow::Stop;
             }
-            let step = decoder
-                .push(token)
-                .and_then(|text| Ok(printer.print(&mut out, parser.push(&text))?));
-            match step {
+            match printer.print(&mut out, parser.push(&decoder.push(token))) {
                 Ok(()) => Flow::Continue,
                 Err(e) => {
-                    failure = Some(e);
+                    failure = Some(e.into());
                     Flow::Stop
                 }
             }

@@ -6,7 +6,7 @@ use crate::device::DeviceArgs;
 use crate::{
     create_atomically, default_cache_dir, generate, progress, store_args::StoreArgs, GenArgs,
 };
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use deltafin_makemodel::{make_model, Arch, Preset};
 use std::path::{Path, PathBuf};
@@ -162,6 +162,12 @@ fn unpack(dir: &Path, files: &[(&str, &[u8])]) -> Result<PathBuf> {
                 std::fs::write(tmp.join(name), bytes)?;
             }
             Ok(())
+        })
+        .with_context(|| {
+            format!(
+                "unpacking the built-in model into {}; choose another place with --cache-dir or DELTAFIN_CACHE",
+                dir.display()
+            )
         })?;
     }
     Ok(dir.to_path_buf())

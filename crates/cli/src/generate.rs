@@ -150,12 +150,13 @@ fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs
             chosen_logits.extend_from_slice(logits);
         }
         if let Some(decoder) = &mut decoder {
-            let step = decoder.push(token).and_then(|text| match &mut parser {
-                Some(p) => Ok(printer.print(&mut out, p.push(&text))?),
-                None => Ok(out.write_all(text.as_bytes()).and_then(|_| out.flush())?),
-            });
+            let text = decoder.push(token);
+            let step = match &mut parser {
+                Some(p) => printer.print(&mut out, p.push(&text)),
+                None => out.write_all(text.as_bytes()).and_then(|_| out.flush()),
+            };
             if let Err(e) = step {
-                failure = Some(e);
+                failure = Some(e.into());
                 return Flow::Stop;
             }
         }

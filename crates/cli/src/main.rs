@@ -16,7 +16,7 @@ mod tokenize;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use deltafin_cuda::Device;
-use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_makemodel::{make_padded_model, Arch, Preset};
 use deltafin_models::Model;
 use std::path::{Path, PathBuf};
 
@@ -189,6 +189,11 @@ struct MakeModelArgs {
     /// Output directory (created; must not already hold a checkpoint).
     #[arg(long)]
     out: PathBuf,
+    /// Add N padding rows to the embedding table and lm_head past the tokenizer's ranks and specials
+    /// (vocab_size grows by N), as many released checkpoints have: the model can pick their ids, which
+    /// have no text (default: none).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pad_vocab: usize,
 }
 
 fn main() {
@@ -244,7 +249,7 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
             let s = progress::while_busy("writing the checkpoint", || {
-                make_model(a.arch, a.preset, a.seed, &a.out)
+                make_padded_model(a.arch, a.preset, a.seed, a.pad_vocab, &a.out)
             })?;
             println!("{}: {s}", a.out.display());
             Ok(())
@@ -273,7 +278,8 @@ fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Res
         std::process::id()
     ));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("cannot remove the leftover {}", tmp.display()))?;
     }
     build(&tmp)?;
     std::fs::rename(&tmp, dir)

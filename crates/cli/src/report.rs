@@ -17,7 +17,8 @@ pub fn stats_line(
     load_secs: f64,
 ) -> String {
     let store = model.store().snapshot();
-    // Decode passes: one per generated token after the first (the first comes from the prefill's logits).
+    // The decode passes' tokens: every generated token after the first, which comes from the prefill's
+    // logits (and whose time is the prefill's).
     let steps = out.tokens.len().saturating_sub(1);
     let busy = out.prefill_secs + out.decode_secs;
     let predicted: Vec<String> = store
@@ -39,7 +40,7 @@ pub fn stats_line(
         n_prompt,
         out.prefill_secs,
         n_prompt as f64 / out.prefill_secs.max(1e-9),
-        out.tokens.len(),
+        steps,
         out.decode_secs,
         steps as f64 / out.decode_secs.max(1e-9),
         stats.uses(),

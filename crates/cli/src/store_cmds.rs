@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_store::{pack, probe};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct PackArgs {
@@ -57,12 +57,15 @@ pub fn pack(a: PackArgs) -> Result<()> {
             .outs
             .iter()
             .map(|d| {
-                std::fs::create_dir_all(d)?;
-                let f = probe::probe_file(d, 256 << 20)?;
-                let r = probe::probe(&f, 256 << 20, 4 << 20, 1 << 20, 8, true)?;
-                let _ = std::fs::remove_file(&f);
-                eprintln!("{}: {:.2} GB/s", d.display(), r.gbps());
-                Ok(r.gbps())
+                let gbps = probe_stripe(d).with_context(|| {
+                    format!(
+                        "measuring the read bandwidth of {} to size its stripe; pass --weights (e.g. --weights {}) to skip the measurement",
+                        d.display(),
+                        vec!["1"; a.outs.len()].join(",")
+                    )
+                })?;
+                eprintln!("{}: {gbps:.2} GB/s", d.display());
+                Ok(gbps)
             })
             .collect::<Result<Vec<f64>>>()?,
     };
@@ -98,13 +101,27 @@ pub fn pack(a: PackArgs) -> Result<()> {
     Ok(())
 }
 
+/// The read bandwidth of a stripe directory's drive, in GB/s: 256 MiB written there, read back, removed.
+fn probe_stripe(dir: &Path) -> Result<f64> {
+    const PROBE_BYTES: u64 = 256 << 20;
+    create_dir(dir)?;
+    let f = probe::probe_file(dir, PROBE_BYTES)?;
+    let r = probe::probe(&f, PROBE_BYTES, 4 << 20, 1 << 20, 8, true);
+    let _ = std::fs::remove_file(&f);
+    Ok(r?.gbps())
+}
+
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+}
+
 pub fn disk_probe(a: DiskProbeArgs) -> Result<()> {
     let size = parse_size(&a.size)?;
     let chunk = parse_size(&a.chunk)? as usize;
     if chunk == 0 || !chunk.is_multiple_of(deltafin_store::io::ALIGN) || a.record == 0 {
         bail!("--chunk must be a positive multiple of 4096 and --record positive");
     }
-    std::fs::create_dir_all(&a.dir)?;
+    create_dir(&a.dir)?;
     let file = probe::probe_file(&a.dir, size)?;
     let engines: &[&str] = match a.engine.as_str() {
         "both" => &["pool", "uring"],

@@ -304,3 +304,30 @@ fn the_timeline_asks_for_the_gpu() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_pack_whose_bandwidth_probe_cannot_write_says_where_how_much_and_how_to_skip_it() {
+    let t = tiny(Arch::KimiK3, 0);
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    // Something in the first probe file's place: its write fails as a full drive's would (and no probe runs).
+    std::fs::create_dir_all(a.join(".deltafin-probe")).unwrap();
+    let out = bin()
+        .args(["pack", "--model"])
+        .arg(model_dir(&t))
+        .arg("--out")
+        .arg(&a)
+        .arg("--out")
+        .arg(&b)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for what in [
+        &format!("measuring the read bandwidth of {}", a.display()),
+        "256 MiB probe file",
+        &format!("free space in {}", a.display()),
+        "--weights 1,1",
+    ] {
+        assert!(stderr.contains(what), "{what:?} missing: {stderr}");
+    }
+}

@@ -13,6 +13,17 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
+/// A driver call's result as an error that says what was being done (the driver's code alone does not).
+pub(crate) trait Doing<T> {
+    fn doing(self, what: &str) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Debug> Doing<T> for std::result::Result<T, E> {
+    fn doing(self, what: &str) -> Result<T> {
+        self.map_err(|e| anyhow!("CUDA driver error {what}: {e:?}"))
+    }
+}
+
 /// The kernels' CUDA C source, compiled at run time for the GPU in hand.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
@@ -93,8 +104,10 @@ pub fn describe() -> Result<Vec<String>> {
         .map(|i| {
             let ctx = CudaContext::new(i).map_err(|e| anyhow!("cannot open GPU {i}: {e:?}"))?;
             let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-            let (major, minor) = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
-            let (free, total) = ctx.mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+            let (major, minor) = ctx
+                .compute_capability()
+                .doing("reading a GPU's compute capability")?;
+            let (free, total) = ctx.mem_get_info().doing("reading a GPU's free memory")?;
             let usable = match check_capability(&name, (major, minor)) {
                 Ok(()) => String::new(),
                 Err(e) => format!(" — not usable: {e}"),
@@ -177,7 +190,9 @@ impl Gpu {
         // Ordering between the compute and copy streams is explicit (events), and buffers are raw pointers.
         // SAFETY: no CudaSlice is shared between streams in this crate.
         unsafe { ctx.disable_event_tracking() };
-        let sm = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
+        let sm = ctx
+            .compute_capability()
+            .doing("reading the GPU's compute capability")?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         check_capability(&name, sm)?;
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
@@ -185,7 +200,7 @@ impl Gpu {
         let module = ctx
             .load_module(ptx)
             .map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
-        let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        let stream = ctx.new_stream().doing("creating the compute stream")?;
         let timeline = if timeline {
             let global = |name: &str| -> Result<(u64, usize)> {
                 let v = module
@@ -205,7 +220,7 @@ impl Gpu {
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("reading the GPU's shared memory per block")?;
         let mut funcs = HashMap::new();
         let mut dynamic_smem = HashMap::new();
         for &k in KERNEL_NAMES {
@@ -226,9 +241,9 @@ impl Gpu {
             }
             funcs.insert(k, f);
         }
-        let copy = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
-        let prep = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
-        let side = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
+        let copy = ctx.new_stream().doing("creating the copy stream")?;
+        let prep = ctx.new_stream().doing("creating the prep stream")?;
+        let side = ctx.new_stream().doing("creating the side stream")?;
         Ok(Gpu {
             ctx,
             stream,
@@ -247,17 +262,22 @@ impl Gpu {
 
     /// Orders the compute stream after `ev`.
     pub fn wait(&self, ev: &CudaEvent) -> Result<()> {
-        self.stream.wait(ev).map_err(|e| anyhow!("{e:?}"))
+        self.stream
+            .wait(ev)
+            .doing("ordering the compute stream after an event")
     }
 
     /// Records `ev` on the compute stream (after everything issued so far).
     pub fn record(&self, ev: &CudaEvent) -> Result<()> {
-        ev.record(&self.stream).map_err(|e| anyhow!("{e:?}"))
+        ev.record(&self.stream)
+            .doing("recording an event on the compute stream")
     }
 
     /// A new event recorded on the compute stream.
     pub fn mark(&self) -> Result<CudaEvent> {
-        self.stream.record_event(None).map_err(|e| anyhow!("{e:?}"))
+        self.stream
+            .record_event(None)
+            .doing("recording an event on the compute stream")
     }
 
     /// The dynamic shared memory a block of `kernel` (one of DYNAMIC_SMEM) may take.
@@ -275,7 +295,9 @@ impl Gpu {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
-        self.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        self.ctx
+            .bind_to_thread()
+            .doing("binding the GPU context to this thread")?;
         // SAFETY: a plain allocation, freed in Drop.
         let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
             .map_err(|e| anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
@@ -296,7 +318,9 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        self.ctx
+            .bind_to_thread()
+            .doing("binding the GPU context to this thread")?;
         // SAFETY: dst holds at least size_of_val(src) bytes (callers allocate it so).
         unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(|e| anyhow!("host-to-device copy: {e:?}"))
     }
@@ -351,7 +375,7 @@ impl Gpu {
     pub fn event(&self) -> Result<CudaEvent> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| anyhow!("{e:?}"))
+            .doing("creating an event")
     }
 }
 
@@ -482,7 +506,7 @@ impl<'a> Launch<'a> {
         self.gpu
             .ctx
             .bind_to_thread()
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("binding the GPU context to this thread before a kernel launch")?;
         // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel), and
         // `params` points into `self.args`, alive until the call returns (the driver copies the values).
         unsafe {
@@ -536,7 +560,9 @@ unsafe impl Sync for Pinned {}
 impl Pinned {
     /// `write_combined`: for memory the CPU only writes and the DMA engine reads (CPU reads of it are slow).
     pub fn new(gpu: &Gpu, bytes: usize, write_combined: bool) -> Result<Pinned> {
-        gpu.ctx.bind_to_thread().map_err(|e| anyhow!("{e:?}"))?;
+        gpu.ctx
+            .bind_to_thread()
+            .doing("binding the GPU context to this thread")?;
         let flags = if write_combined {
             sys::CU_MEMHOSTALLOC_WRITECOMBINED
         } else {

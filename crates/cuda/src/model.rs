@@ -2,7 +2,7 @@
 //! its budget streamed from page-locked host memory, one layer ahead), routed experts in a VRAM slot cache fed
 //! from the CPU-side expert store (by DMA from its page-locked slab).
 
-use crate::gpu::{par_copy, DevBuf, Gpu, Launch, On, Pinned};
+use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Launch, On, Pinned};
 use crate::plan::{
     attn_res_values, matmul_ring_bytes, matmul_tile, plan_spine, plan_waves, Ring, SlotCache,
     MIX_VALUES,
@@ -621,7 +621,7 @@ impl Backend for CudaModel {
         self.gpu
             .ctx
             .bind_to_thread()
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("binding the GPU context to this thread")?;
         let n: usize = batch.iter().map(|p| p.tokens.len()).sum();
         if n == 1 && self.graphed() {
             let p = &mut batch[0];
@@ -654,7 +654,7 @@ impl Backend for CudaModel {
             let out = self.gpu.dtoh(logits, len)?;
             let ms = self.span[0]
                 .elapsed_ms(&self.span[1])
-                .map_err(|e| anyhow!("{e:?}"))?;
+                .doing("timing a pass")?;
             self.cache.lock().unwrap().counters.gpu_secs += ms as f64 / 1e3;
             Ok(out)
         });
@@ -712,7 +712,7 @@ impl Backend for CudaModel {
         self.gpu
             .ctx
             .bind_to_thread()
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("binding the GPU context to this thread")?;
         self.step(pass.session, token, ahead, stats)
     }
 
@@ -1074,7 +1074,7 @@ impl CudaModel {
         let slot_len = layout.len().div_ceil(256) * 256;
         let records: usize =
             (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
-        let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+        let (free, _) = cu::mem_get_info().doing("reading the GPU's free memory")?;
         let budget = match opts.expert_vram {
             Some(b) => b,
             None => ((records * slot_len) as u64).min((free as u64).saturating_sub(4 << 30)),
@@ -1113,7 +1113,7 @@ impl CudaModel {
             span: [[gpu.event()?, gpu.event()?], [gpu.event()?, gpu.event()?]],
             done: [gpu.event()?, gpu.event()?],
         };
-        let untimed = || gpu.ctx.new_event(None).map_err(|e| anyhow!("{e:?}"));
+        let untimed = || gpu.ctx.new_event(None).doing("creating an event");
         let (fork, join) = (untimed()?, untimed()?);
         let mut model = CudaModel {
             span,
@@ -1574,7 +1574,8 @@ impl CudaModel {
     fn copy_layer(&self, st: &Streamed, j: usize) -> Result<()> {
         let (_, off, len) = st.images[j];
         let copy = &self.gpu.copy;
-        copy.wait(&st.freed[j % 2]).map_err(|e| anyhow!("{e:?}"))?;
+        copy.wait(&st.freed[j % 2])
+            .doing("ordering a spine layer's copy after its buffer is free")?;
         // SAFETY: the buffer holds the largest streamed layer; the page-locked images are never written after
         // load.
         unsafe {
@@ -1587,7 +1588,7 @@ impl CudaModel {
         .map_err(|e| anyhow!("copying spine layer {} to the GPU: {e:?}", st.images[j].0))?;
         st.copied[j % 2]
             .record(copy)
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("recording a spine layer's copy")?;
         self.cache.lock().unwrap().counters.spine_h2d_bytes += len as u64;
         Ok(())
     }
@@ -1636,7 +1637,7 @@ impl CudaModel {
                 self.gpu
                     .stream
                     .synchronize()
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                    .doing("waiting for the GPU to finish a pass")?;
                 (*lat, *pe, *cap) = (nl, np, new_cap);
             }
         }
@@ -1709,7 +1710,7 @@ impl CudaModel {
             .map_err(|e| anyhow!("a decode step failed: {e:?}"))?;
         let ms = pk.span[par][0]
             .elapsed_ms(&pk.span[par][1])
-            .map_err(|e| anyhow!("{e:?}"))?;
+            .doing("timing a decode step")?;
         self.note_step(ran, issue_secs, ms as f64 / 1e3);
         let v = self.cfg.vocab_size;
         // SAFETY: the host buffer holds [2][v + 1] floats, written by a copy that has completed.
@@ -1759,7 +1760,8 @@ impl CudaModel {
             .map_err(|e| anyhow!("launching a decode step: {e:?}"))?;
         self.gpu.record(&pk.span[par][1])?;
         let copy = &self.gpu.copy;
-        copy.wait(&pk.span[par][1]).map_err(|e| anyhow!("{e:?}"))?;
+        copy.wait(&pk.span[par][1])
+            .doing("ordering the logits copy after a decode step")?;
         let bytes = 4 * (v + 1);
         // SAFETY: both buffers hold [2][v + 1] floats; the host's half `par` is read only after `done[par]`, and
         // written again only by the step two after this one, launched after that read.
@@ -1768,7 +1770,9 @@ impl CudaModel {
             cu::memcpy_dtoh_async(dst, pk.out.ptr + (par * bytes) as u64, copy.cu_stream())
         }
         .map_err(|e| anyhow!("copying a decode step's logits back: {e:?}"))?;
-        pk.done[par].record(copy).map_err(|e| anyhow!("{e:?}"))?;
+        pk.done[par]
+            .record(copy)
+            .doing("recording the logits copy")?;
         a.issued.set(a.issued.get() + 1);
         Ok(())
     }
@@ -2003,7 +2007,7 @@ impl CudaModel {
                 self.gpu
                     .side
                     .wait(&self.fork)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                    .doing("ordering the shared experts' stream")?;
                 let s = a.f32s(n * self.cfg.hidden)?;
                 let side = Mm {
                     side: true,
@@ -2012,7 +2016,7 @@ impl CudaModel {
                 self.mlp(a, &m.shared, x, n, s, side)?;
                 self.join
                     .record(&self.gpu.side)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                    .doing("recording the shared experts' end")?;
                 Some(s)
             }
             None => None,
@@ -2197,7 +2201,10 @@ impl CudaModel {
             if wi > 0 {
                 // The misses may overwrite slots the previous wave's kernels read.
                 let done = self.gpu.mark()?;
-                self.gpu.copy.wait(&done).map_err(|e| anyhow!("{e:?}"))?;
+                self.gpu
+                    .copy
+                    .wait(&done)
+                    .doing("ordering expert copies after the previous wave")?;
             }
             let todo: Vec<(usize, u64)> = w
                 .misses
@@ -2278,17 +2285,18 @@ impl CudaModel {
                     cu::memcpy_htod_async(dst, &pinned.as_slice()[..len], self.gpu.copy.cu_stream())
                 }
                 .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
-                ev.record(&self.gpu.copy).map_err(|e| anyhow!("{e:?}"))?;
+                ev.record(&self.gpu.copy)
+                    .doing("recording an expert's copy")?;
             }
             if self.layout.mxfp4() {
                 cache
                     .copied
                     .record(&self.gpu.copy)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                    .doing("recording the experts' copies")?;
                 self.gpu
                     .prep
                     .wait(&cache.copied)
-                    .map_err(|e| anyhow!("{e:?}"))?;
+                    .doing("ordering the experts' use after their copies")?;
                 self.repack(dst)?;
             }
             cache.counters.h2d_bytes += len as u64;
@@ -2323,7 +2331,7 @@ impl CudaModel {
         } else {
             &self.gpu.copy
         };
-        s.record_event(None).map_err(|e| anyhow!("{e:?}"))
+        s.record_event(None).doing("recording an event")
     }
 
     /// Fills the VRAM cache with every routed expert (when it holds them all): "resident" then means resident
@@ -2553,7 +2561,7 @@ fn place_spine(
         Ok(mem)
     };
     let sizes: Vec<u64> = blocks.iter().map(|b| b.bytes.len() as u64).collect();
-    let (free, _) = cu::mem_get_info().map_err(|e| anyhow!("{e:?}"))?;
+    let (free, _) = cu::mem_get_info().doing("reading the GPU's free memory")?;
     let allowance = spine_vram
         .unwrap_or_else(|| (free as u64).saturating_sub(head.bytes.len() as u64 + (4 << 30)));
     let mut resident = vec![upload(&head)?];

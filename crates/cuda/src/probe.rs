@@ -1,8 +1,8 @@
 //! Raw copy bandwidths measured on the device in the same run as a benchmark: pinned host → device (the
 //! ceiling of streaming experts) and device → device (the ceiling of everything-resident decoding).
 
-use crate::gpu::{Gpu, Pinned};
-use anyhow::{anyhow, Result};
+use crate::gpu::{Doing, Gpu, Pinned};
+use anyhow::Result;
 use cudarc::driver::result as cu;
 
 /// Median GB/s of `reps` copies of `bytes` from pinned host memory to the device, timed with events.
@@ -14,13 +14,13 @@ pub fn h2d_pinned(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64> {
     let mut gbps = Vec::new();
     for _ in 0..reps + 1 {
         let (a, b) = (gpu.event()?, gpu.event()?);
-        a.record(s).map_err(|e| anyhow!("{e:?}"))?;
+        a.record(s).doing("measuring a copy bandwidth")?;
         // SAFETY: both buffers hold `bytes`.
         unsafe { cu::memcpy_htod_async(dev.ptr, host.as_slice(), s.cu_stream()) }
-            .map_err(|e| anyhow!("{e:?}"))?;
-        b.record(s).map_err(|e| anyhow!("{e:?}"))?;
-        b.synchronize().map_err(|e| anyhow!("{e:?}"))?;
-        let ms = a.elapsed_ms(&b).map_err(|e| anyhow!("{e:?}"))? as f64;
+            .doing("measuring a copy bandwidth")?;
+        b.record(s).doing("measuring a copy bandwidth")?;
+        b.synchronize().doing("measuring a copy bandwidth")?;
+        let ms = a.elapsed_ms(&b).doing("measuring a copy bandwidth")? as f64;
         gbps.push(bytes as f64 / (ms * 1e-3) / 1e9);
     }
     Ok(median(&mut gbps[1..].to_vec()))
@@ -33,11 +33,11 @@ pub fn d2d(gpu: &Gpu, bytes: usize, reps: usize) -> Result<f64> {
     let mut gbps = Vec::new();
     for _ in 0..reps + 1 {
         let (a, b) = (gpu.event()?, gpu.event()?);
-        a.record(s).map_err(|e| anyhow!("{e:?}"))?;
+        a.record(s).doing("measuring a copy bandwidth")?;
         gpu.dtod(dst.ptr, src.ptr, bytes)?;
-        b.record(s).map_err(|e| anyhow!("{e:?}"))?;
-        b.synchronize().map_err(|e| anyhow!("{e:?}"))?;
-        let ms = a.elapsed_ms(&b).map_err(|e| anyhow!("{e:?}"))? as f64;
+        b.record(s).doing("measuring a copy bandwidth")?;
+        b.synchronize().doing("measuring a copy bandwidth")?;
+        let ms = a.elapsed_ms(&b).doing("measuring a copy bandwidth")? as f64;
         gbps.push(2.0 * bytes as f64 / (ms * 1e-3) / 1e9);
     }
     Ok(median(&mut gbps[1..].to_vec()))

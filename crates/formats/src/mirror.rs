@@ -55,7 +55,9 @@ pub fn read_state(dir: &Path) -> Result<Option<MirrorState>> {
 }
 
 pub fn write_state(dir: &Path, state: &MirrorState) -> Result<()> {
-    std::fs::create_dir_all(dir.join(STATE_DIR))?;
+    let state_dir = dir.join(STATE_DIR);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("cannot create {}", state_dir.display()))?;
     crate::write_atomically(&state_path(dir), &serde_json::to_vec_pretty(state)?)
 }
 

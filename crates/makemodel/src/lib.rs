@@ -109,6 +109,8 @@ pub(crate) struct Dims {
     moe_intermediate: usize,
     shared_experts: usize,
     n_ranks: usize,
+    /// Rows of the embedding table and lm_head past the ranks and specials, with no token behind them.
+    padding_rows: usize,
 }
 
 /// Sizes only Kimi K3 has.
@@ -121,7 +123,7 @@ pub(crate) struct K3Dims {
 
 impl Dims {
     fn vocab(&self) -> usize {
-        self.n_ranks + K3_NUM_SPECIALS as usize
+        self.n_ranks + K3_NUM_SPECIALS as usize + self.padding_rows
     }
 
     /// `layer` is 0-based.
@@ -171,6 +173,7 @@ fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
                 moe_intermediate: 32,
                 shared_experts: 2,
                 n_ranks: 512,
+                padding_rows: 0,
             },
             K3Dims {
                 q_lora_rank: 32,
@@ -196,6 +199,7 @@ fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
                 moe_intermediate: 256,
                 shared_experts: 2,
                 n_ranks: 4096,
+                padding_rows: 0,
             },
             K3Dims {
                 q_lora_rank: 128,
@@ -222,6 +226,7 @@ fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
                 moe_intermediate: 3072,
                 shared_experts: 2,
                 n_ranks: 4096,
+                padding_rows: 0,
             },
             K3Dims {
                 q_lora_rank: 64,
@@ -251,6 +256,7 @@ fn kimi_linear_dims(preset: Preset) -> Dims {
             moe_intermediate: 32,
             shared_experts: 1,
             n_ranks: 512,
+            padding_rows: 0,
         },
         Preset::Small => Dims {
             hidden: 512,
@@ -269,6 +275,7 @@ fn kimi_linear_dims(preset: Preset) -> Dims {
             moe_intermediate: 256,
             shared_experts: 1,
             n_ranks: 4096,
+            padding_rows: 0,
         },
         Preset::Bench => unreachable!("make_model rejects kimi_linear bench before sizing it"),
     }
@@ -315,6 +322,7 @@ fn k3_config(d: &Dims, k: &K3Dims) -> Value {
     text["linear_attn_config"]["use_full_rank_gate"] = json!(true);
     text["linear_attn_config"]["gate_lower_bound"] = json!(-5.0);
     let mut root = json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
         "model_type": "kimi_k3",
         "dtype": "bfloat16",
         "tie_word_embeddings": false,
@@ -345,6 +353,7 @@ fn k3_config(d: &Dims, k: &K3Dims) -> Value {
 
 fn kimi_linear_config(d: &Dims) -> Value {
     let mut root = json!({
+        "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
         "dtype": "bfloat16",
         "vocab_size": d.vocab(),
@@ -388,9 +397,23 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 /// Writes a complete checkpoint directory at `out`: config.json, generation_config.json, the tokenizer
 /// files, then the weights; the shard index comes last, so its presence marks a finished checkpoint.
 pub fn make_model(arch: Arch, preset: Preset, seed: u64, out: &Path) -> Result<Summary> {
+    make_padded_model(arch, preset, seed, 0, out)
+}
+
+/// [`make_model`] with `padding_rows` more rows in the embedding table and lm_head than the tokenizer has
+/// ranks and specials (`vocab_size` grows by as much), as many released checkpoints have. Their ids have
+/// no text, and the random model picks them like any other. 0 writes exactly what `make_model` does.
+pub fn make_padded_model(
+    arch: Arch,
+    preset: Preset,
+    seed: u64,
+    padding_rows: usize,
+    out: &Path,
+) -> Result<Summary> {
     let (dims, config, layout) = match arch {
         Arch::KimiK3 => {
-            let (d, k) = k3_dims(preset);
+            let (mut d, k) = k3_dims(preset);
+            d.padding_rows = padding_rows;
             let (config, layout) = (k3_config(&d, &k), Layout::kimi_k3(&d, &k));
             (d, config, layout)
         }
@@ -398,7 +421,8 @@ pub fn make_model(arch: Arch, preset: Preset, seed: u64, out: &Path) -> Result<S
             bail!("the bench preset exists for kimi_k3 only")
         }
         Arch::KimiLinear => {
-            let d = kimi_linear_dims(preset);
+            let mut d = kimi_linear_dims(preset);
+            d.padding_rows = padding_rows;
             let (config, layout) = (kimi_linear_config(&d), Layout::kimi_linear(&d));
             (d, config, layout)
         }

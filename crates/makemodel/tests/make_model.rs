@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
 
-use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_makemodel::{make_model, make_padded_model, Arch, Preset};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -445,6 +445,11 @@ fn kimi_k3_tiny_config_and_tokenizer() {
     let config: Value =
         serde_json::from_slice(&fs::read(dir.path().join("config.json")).unwrap()).unwrap();
     assert_eq!(config["model_type"], "kimi_k3");
+    // As released: converters (llama.cpp's) detect the model by it.
+    assert_eq!(
+        config["architectures"],
+        serde_json::json!(["KimiK3ForConditionalGeneration"])
+    );
     assert_eq!(config["dtype"], "bfloat16");
     assert_eq!(config["tie_word_embeddings"], false);
     assert_eq!(
@@ -515,6 +520,7 @@ fn kimi_linear_tiny_config() {
         serde_json::from_slice(&fs::read(dir.path().join("config.json")).unwrap()).unwrap();
     let expected = serde_json::from_str::<Value>(
         r#"{
+        "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear", "vocab_size": 768, "hidden_size": 64, "intermediate_size": 128,
         "moe_intermediate_size": 32, "num_hidden_layers": 5, "num_attention_heads": 2, "num_key_value_heads": 2,
         "num_experts": 16, "num_experts_per_token": 4, "num_shared_experts": 1, "routed_scaling_factor": 2.446,
@@ -605,4 +611,47 @@ fn parse_errors_list_the_choices() {
         preset.contains("tiny") && preset.contains("small"),
         "{preset}"
     );
+}
+
+#[test]
+fn padding_rows_widen_the_vocabulary_past_the_tokenizer() {
+    for (arch, embed, head) in [
+        (
+            Arch::KimiK3,
+            "language_model.model.embed_tokens.weight",
+            "language_model.lm_head.weight",
+        ),
+        (
+            Arch::KimiLinear,
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+        ),
+    ] {
+        let (plain, padded) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        make_model(arch, Preset::Tiny, 0, plain.path()).unwrap();
+        make_padded_model(arch, Preset::Tiny, 0, 100, padded.path()).unwrap();
+        let config: Value =
+            serde_json::from_slice(&fs::read(padded.path().join("config.json")).unwrap()).unwrap();
+        let vocab = match arch {
+            Arch::KimiK3 => &config["text_config"]["vocab_size"],
+            Arch::KimiLinear => &config["vocab_size"],
+        };
+        assert_eq!(vocab, 868, "{arch:?}");
+        let found = read_checkpoint(padded.path(), 3);
+        for name in [embed, head] {
+            assert_eq!(found[name].shape, [868, 64], "{arch:?} {name}");
+        }
+        // The tokenizer is the same: the 100 ids past it have no text.
+        for file in ["tiktoken.model", "tokenizer_config.json"] {
+            assert_eq!(
+                fs::read(plain.path().join(file)).unwrap(),
+                fs::read(padded.path().join(file)).unwrap(),
+                "{arch:?} {file}"
+            );
+        }
+        // No padding writes exactly the unpadded checkpoint.
+        let zero = tempfile::tempdir().unwrap();
+        make_padded_model(arch, Preset::Tiny, 0, 0, zero.path()).unwrap();
+        assert_eq!(all_files(plain.path()), all_files(zero.path()), "{arch:?}");
+    }
 }

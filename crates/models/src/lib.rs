@@ -14,7 +14,7 @@ pub mod ops;
 pub mod spine;
 pub mod weights;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 pub use backend::{batch_tokens, split_rows, Backend, Pass};
 use blocks::LayerState;
 pub use blocks::ModelExperts;
@@ -213,7 +213,8 @@ pub fn check_batch<S>(cfg: &ModelConfig, batch: &[Pass<'_, S>]) -> Result<()> {
 
 /// Identifies a checkpoint for packs: a hash of its config and its tensor index (names, shapes, places).
 pub fn model_identity(dir: &Path) -> Result<String> {
-    let mut bytes = std::fs::read(dir.join("config.json"))?;
+    let path = dir.join("config.json");
+    let mut bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     if let Ok(index) = std::fs::read(dir.join("model.safetensors.index.json")) {
         bytes.extend_from_slice(&index);
     }

@@ -1012,7 +1012,11 @@ pub fn disk_usage(dir: &Path) -> Result<u64> {
         .map(|s| s.shards)
         .unwrap_or_default()
     {
-        total += std::fs::metadata(dir.join(&s.name))?.blocks() * 512;
+        let path = dir.join(&s.name);
+        total += std::fs::metadata(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .blocks()
+            * 512;
     }
     Ok(total)
 }

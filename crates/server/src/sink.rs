@@ -217,8 +217,9 @@ impl ChannelSink {
         }
     }
 
+    /// A token's text and bytes for logprobs: both empty for an id with no text.
     fn token_text(&self, id: u32) -> (String, Vec<u8>) {
-        let bytes = self.tokenizer.decode_bytes(&[id]).unwrap_or_default();
+        let bytes = self.tokenizer.token_bytes(id).unwrap_or_default().to_vec();
         (String::from_utf8_lossy(&bytes).into_owned(), bytes)
     }
 
@@ -248,19 +249,11 @@ impl Sink for ChannelSink {
         // Special tokens are structure, not text (chat's parser reads K3's markup ones).
         let dropped = self.tokenizer.special_name(token).is_some()
             && !matches!(&self.mode, Mode::Chat(_, markup, _) if markup.contains(token));
+        // An id with no text (a padding row) renders as nothing; it still counts and has its logprob.
         let text = if dropped {
             String::new()
         } else {
-            match self.decoder.push(token) {
-                Ok(t) => t,
-                Err(e) => {
-                    // Ends the job; `finished` then reports it as an error rather than a stop.
-                    let _ = self.tx.send(Msg::Error(format!(
-                        "cannot decode a generated token: {e:#}"
-                    )));
-                    return Flow::Stop;
-                }
-            }
+            self.decoder.push(token)
         };
         let (in_reasoning, events) = match &mut self.mode {
             Mode::Chat(parser, ..) => (parser.in_reasoning(), parser.push(&text)),
@@ -290,9 +283,6 @@ impl Sink for ChannelSink {
                 return;
             }
         };
-        if f.reason == FinishReason::Caller && !self.hit_stop {
-            return; // `token` already reported why it stopped (a decoding error).
-        }
         if !self.hit_stop {
             let rest = self.decoder.finish();
             let events = match &mut self.mode {

@@ -106,6 +106,23 @@ pub struct DataFile {
     pub mode: IoMode,
     /// The drive queue serving this file.
     pub drive: usize,
+    /// Faults a test injects into this file's reads (none otherwise).
+    pub faults: Option<Arc<dyn FaultInjector>>,
+}
+
+/// A test hook on the read path: what a failing drive would do to a read ([`crate::StoreOptions::faults`]).
+pub trait FaultInjector: Send + Sync + std::fmt::Debug {
+    /// Asked before each read of `len` bytes of `path` at `offset`: the fault it suffers, if any.
+    fn before_read(&self, path: &Path, offset: u64, len: usize) -> Option<Fault>;
+}
+
+/// An injected read fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The read fails with this OS error number (e.g. `libc::EIO`).
+    Os(i32),
+    /// Only this many bytes arrive (a short read).
+    Short(usize),
 }
 
 impl DataFile {
@@ -122,6 +139,7 @@ impl DataFile {
                     file,
                     mode: IoMode::Direct,
                     drive,
+                    faults: None,
                 });
             }
         }
@@ -131,6 +149,7 @@ impl DataFile {
             file,
             mode: IoMode::Buffered,
             drive,
+            faults: None,
         })
     }
 
@@ -138,11 +157,22 @@ impl DataFile {
     /// arrived (an aligned direct read of a file's last record may extend past its end). A filesystem that
     /// refuses a direct read (EINVAL) gets the same read buffered.
     pub fn read_at_least(&self, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+        let fault = self
+            .faults
+            .as_ref()
+            .and_then(|f| f.before_read(&self.path, offset, buf.len()));
+        if let Some(Fault::Os(errno)) = fault {
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
         let got = match fill(&self.file, buf, offset) {
             Err(e) if self.mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 fill(&File::open(&self.path)?, buf, offset)?
             }
             r => r?,
+        };
+        let got = match fault {
+            Some(Fault::Short(n)) => got.min(n),
+            _ => got,
         };
         if got < need {
             return Err(std::io::Error::new(
@@ -166,8 +196,6 @@ fn fill(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     }
     Ok(got)
 }
-
-impl DataFile {}
 
 /// A unit of work: read `len` bytes of `file` at `offset` into `dst`, then count down `done`.
 pub struct ReadOp {
@@ -493,6 +521,12 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 return;
             };
             let Some((op, demand)) = next else { break };
+            if op.file.faults.is_some() {
+                // Injected faults live on the positioned-read path.
+                let err = positioned_read(&op);
+                complete(&drive, &counters, &op, demand, err);
+                continue;
+            }
             let entry =
                 opcode::Read::new(types::Fd(op.file.file.as_raw_fd()), op.dst, op.len as u32)
                     .offset(op.offset)

@@ -70,6 +70,8 @@ pub struct StoreOptions {
     pub prefetch: bool,
     /// Reader threads or io_uring.
     pub backend: io::Backend,
+    /// Faults injected into every expert read (tests of failing drives); none in normal use.
+    pub faults: Option<Arc<dyn io::FaultInjector>>,
 }
 
 impl Default for StoreOptions {
@@ -83,6 +85,7 @@ impl Default for StoreOptions {
             policy: Policy::default(),
             prefetch: true,
             backend: io::Backend::Pool,
+            faults: None,
         }
     }
 }
@@ -219,7 +222,11 @@ impl ExpertStore {
         let drives = files.iter().map(|f| f.1 + 1).max().unwrap_or(1);
         let files: Vec<Arc<DataFile>> = files
             .iter()
-            .map(|(p, d)| DataFile::open(p, opts.direct_io, *d).map(Arc::new))
+            .map(|(p, d)| {
+                let mut file = DataFile::open(p, opts.direct_io, *d)?;
+                file.faults = opts.faults.clone();
+                Ok(Arc::new(file))
+            })
             .collect::<Result<_>>()?;
         for (l, recs) in layers.iter().enumerate() {
             for (e, r) in recs.iter().enumerate() {
@@ -739,7 +746,13 @@ impl<'a> Fetch<'a> {
             bail!("layer {} expert {e}: {msg}", self.layer)
         };
         if let Some(err) = done.as_ref().and_then(|d| d.error()) {
-            return fail(&mut st, format!("read failed ({}): {err}", store.origin));
+            return fail(
+                &mut st,
+                format!(
+                    "read failed ({}): {err}; nothing was computed from it, and the next use reads it again — if that fails too, check the drive (dmesg) and the file",
+                    store.origin
+                ),
+            );
         }
         if st.slots[slot].phase == Phase::Empty {
             // Another pass sharing this load saw it fail and dropped it.

@@ -89,7 +89,10 @@ pub fn write_pack(
     let mut stripes = Vec::new();
     for d in out_dirs {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-        stripes.push(d.canonicalize()?);
+        stripes.push(
+            d.canonicalize()
+                .with_context(|| format!("cannot resolve {}", d.display()))?,
+        );
     }
     let keys: Vec<(usize, usize)> = layers
         .iter()
@@ -137,8 +140,11 @@ pub fn write_pack(
     // Records wholly present in a resumed file are kept; anything after the last whole record is rewritten.
     let step = align_up(record_len as u64);
     let mut present: Vec<u64> = Vec::new();
-    for f in &files {
-        let len = f.metadata()?.len();
+    for (s, f) in files.iter().enumerate() {
+        let len = f
+            .metadata()
+            .with_context(|| format!("cannot read {}", stripe_file(&stripes[s], s).display()))?
+            .len();
         present.push(len / step * step);
     }
     let source_paths = sources;
@@ -165,7 +171,12 @@ pub fn write_pack(
         buf[record_len..].fill(0);
         let checksum = xxhash_rust::xxh3::xxh3_64(&buf[..record_len]);
         if offset + step > present[s] {
-            files[s].write_all_at(&buf, offset)?;
+            files[s].write_all_at(&buf, offset).with_context(|| {
+                format!(
+                    "writing layer {l} expert {e} to {} at offset {offset}; the pack is resumable: free space there (or add an --out stripe) and run it again",
+                    partial(&stripe_file(&stripes[s], s)).display()
+                )
+            })?;
         }
         records.push(PackedRecord {
             layer: l,
@@ -177,10 +188,11 @@ pub fn write_pack(
         progress(i + 1, keys.len());
     }
     for (s, f) in files.iter_mut().enumerate() {
-        f.flush()?;
-        f.sync_all()?;
         let p = stripe_file(&stripes[s], s);
-        std::fs::rename(partial(&p), &p)?;
+        f.flush()
+            .and_then(|_| f.sync_all())
+            .and_then(|_| std::fs::rename(partial(&p), &p))
+            .with_context(|| format!("finishing {}", p.display()))?;
     }
     let manifest = Manifest {
         format: "deltafin-pack".into(),

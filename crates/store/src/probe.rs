@@ -28,23 +28,35 @@ pub fn probe_file(dir: &Path, size: u64) -> Result<PathBuf> {
     let path = dir.join(".deltafin-probe");
     let have = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     if have < size {
-        let mut f = std::fs::File::create(&path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        let mut block = vec![0u8; 1 << 20];
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..size.div_ceil(1 << 20) {
-            for c in block.chunks_exact_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                c.copy_from_slice(&x.to_le_bytes());
-            }
-            f.write_all(&block)?;
+        if let Err(e) = write_probe_file(&path, size) {
+            // A half-written probe file only takes space the drive is short of.
+            let _ = std::fs::remove_file(&path);
+            return Err(e.context(format!(
+                "writing the {} MiB probe file {} (it needs that much free space in {})",
+                size.div_ceil(1 << 20),
+                path.display(),
+                dir.display()
+            )));
         }
-        f.sync_all()?;
     }
     drop_cache(&path);
     Ok(path)
+}
+
+fn write_probe_file(path: &Path, size: u64) -> Result<()> {
+    let mut f = std::fs::File::create(path).context("creating it")?;
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..size.div_ceil(1 << 20) {
+        for c in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&block)?;
+    }
+    Ok(f.sync_all()?)
 }
 
 /// Asks the kernel to forget the file's cached pages, so buffered reads measure the drive.
@@ -66,7 +78,9 @@ pub fn probe(
     direct: bool,
 ) -> Result<ProbeResult> {
     let file = Arc::new(DataFile::open(path, direct, 0)?);
-    let len = std::fs::metadata(path)?.len();
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
     let records = (bytes.min(len) / record as u64).max(1);
     let engine = IoEngine::new(1, workers);
     // Reads land in a scratch ring; the bytes themselves are not used.
@@ -132,7 +146,9 @@ pub fn probe_uring(
 ) -> Result<ProbeResult> {
     use io_uring::{opcode, types, IoUring};
     let file = DataFile::open(path, direct, 0)?;
-    let len = std::fs::metadata(path)?.len();
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
     let records = (bytes.min(len) / record as u64).max(1);
     // Every read, in the same scattered order as `probe`.
     let mut reads: Vec<(u64, usize)> = Vec::new();

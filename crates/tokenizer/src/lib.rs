@@ -19,7 +19,9 @@
 //! # Decoding
 //!
 //! [`Tokenizer::decode`] for whole sequences; [`StreamDecoder`] for streams: it returns text as tokens
-//! arrive and never emits half a UTF-8 character.
+//! arrive and never emits half a UTF-8 character. A generated id the tokenizer has no text for (a padding
+//! row of the embedding table, as many released checkpoints have) renders as no text there, with one
+//! warning per process: a model's own output never ends a generation.
 //!
 //! # Chat (module [`chat`])
 //!
@@ -34,7 +36,7 @@
 //! let mut parser = ReplyParser::new(); // the K3 generation prompt leaves the reply inside a think block
 //! let mut decoder = StreamDecoder::new(&tokenizer);
 //! for id in generated {
-//!     for event in parser.push(&decoder.push(id)?) {
+//!     for event in parser.push(&decoder.push(id)) {
 //!         match event {
 //!             ReplyEvent::Reasoning(t) => {} // thinking text
 //!             ReplyEvent::Content(t) => {}   // the answer
@@ -285,25 +287,37 @@ impl Tokenizer {
             })
     }
 
-    /// The bytes of `ids` concatenated; special ids render as their names.
+    /// The bytes of `ids` concatenated; special ids render as their names. An id with no text is an error
+    /// here; a model's output goes through [`StreamDecoder`], which renders such ids as nothing.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         for &id in ids {
-            // Tiktoken tokens are never empty; an empty entry is a gap in a tokenizer.json vocabulary.
-            if let Some(token) = self.tokens.get(id as usize).filter(|t| !t.is_empty()) {
-                out.extend_from_slice(token);
-            } else if let Some(name) = self.specials.get(&id) {
-                out.extend_from_slice(name.as_bytes());
-            } else {
-                bail!(
-                    "token id {id} is outside the vocabulary (ranks 0..{}, {} special ids, vocab size {})",
-                    self.tokens.len(),
-                    self.specials.len(),
-                    self.vocab_size()
-                );
+            match self.token_bytes(id) {
+                Some(bytes) => out.extend_from_slice(bytes),
+                None => bail!("{}", self.unrenderable(id)),
             }
         }
         Ok(out)
+    }
+
+    /// The bytes of one id (a special id's name), or `None` for an id the tokenizer has no text for: a gap,
+    /// or a padding row of the model's embedding table beyond the ranks and specials.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        // Tiktoken tokens are never empty; an empty entry is a gap in a tokenizer.json vocabulary.
+        match self.tokens.get(id as usize).filter(|t| !t.is_empty()) {
+            Some(token) => Some(token),
+            None => self.specials.get(&id).map(|name| name.as_bytes()),
+        }
+    }
+
+    /// Says that `id` has no text, and what the tokenizer does cover.
+    pub(crate) fn unrenderable(&self, id: u32) -> String {
+        format!(
+            "token id {id} is outside the vocabulary (ranks 0..{}, {} special ids, vocab size {})",
+            self.tokens.len(),
+            self.specials.len(),
+            self.vocab_size()
+        )
     }
 
     /// [`Self::decode_bytes`] as a String; invalid UTF-8 (e.g. half a character) becomes U+FFFD.

@@ -3,14 +3,14 @@
 
 #![allow(dead_code)]
 
-use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_makemodel::{make_model, make_padded_model, Arch, Preset};
 use deltafin_models::Model;
 use deltafin_server::{Running, ServerConfig};
 use deltafin_tokenizer::Tokenizer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,22 @@ pub fn model_dir() -> PathBuf {
     .to_path_buf()
 }
 
+/// Rows of the padded checkpoints' embedding tables past the tokenizer's ranks and specials.
+pub const PADDING_ROWS: usize = 256;
+
+/// A tiny random checkpoint of `arch` with [`PADDING_ROWS`] padding rows (made once per test binary).
+pub fn padded_model_dir(arch: Arch) -> PathBuf {
+    static DIRS: [OnceLock<tempfile::TempDir>; 2] = [OnceLock::new(), OnceLock::new()];
+    DIRS[(arch == Arch::KimiLinear) as usize]
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            make_padded_model(arch, Preset::Tiny, 0, PADDING_ROWS, dir.path()).unwrap();
+            dir
+        })
+        .path()
+        .to_path_buf()
+}
+
 pub fn config() -> ServerConfig {
     ServerConfig {
         model_name: MODEL.into(),
@@ -35,9 +51,13 @@ pub fn config() -> ServerConfig {
 }
 
 pub fn start(cfg: ServerConfig) -> Running {
-    let dir = model_dir();
-    let model = Arc::new(Model::load(&dir).unwrap());
-    let tokenizer = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+    start_on(&model_dir(), cfg)
+}
+
+/// A server of the checkpoint in `dir`.
+pub fn start_on(dir: &Path, cfg: ServerConfig) -> Running {
+    let model = Arc::new(Model::load(dir).unwrap());
+    let tokenizer = Arc::new(Tokenizer::from_dir(dir).unwrap());
     Running::start("127.0.0.1:0".parse().unwrap(), model, tokenizer, cfg).unwrap()
 }
 
