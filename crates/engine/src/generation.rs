@@ -212,6 +212,25 @@ impl<B: Backend> Generation<B> {
         &mut self.session
     }
 
+    /// Runs the pass `planned` describes alone, on a session rebuilt from the tokens this generation's session
+    /// had consumed (`history`, in pieces of `chunk`): for a batched pass that failed part way, which leaves
+    /// every session of its batch in no defined state. A row never depends on the other rows of its pass, so
+    /// the logits are those the batched pass would have given this generation.
+    pub fn run_alone(
+        &mut self,
+        model: &B,
+        planned: &Planned<B::Session>,
+        chunk: usize,
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let mut session = model.new_session()?;
+        for piece in self.history.chunks(chunk.max(1)) {
+            model.forward(&mut session, piece, LogitRows::Last, stats)?;
+        }
+        self.session = session;
+        model.forward(&mut self.session, &planned.tokens, planned.rows, stats)
+    }
+
     /// Takes the logits of the pass `planned` described (run on this generation's session; planned by
     /// [`Self::plan`]).
     pub fn apply(&mut self, planned: Planned<B::Session>, logits: Vec<f32>, vocab: usize) {

@@ -136,6 +136,9 @@ pub struct Counters {
     pub batched_passes: AtomicU64,
     pub batched_jobs: AtomicU64,
     pub batched_rows: AtomicU64,
+    /// Batched passes that failed and were run again one job at a time, so that only the jobs that fail alone
+    /// fail.
+    pub isolated_passes: AtomicU64,
 }
 
 struct Queue {
@@ -522,37 +525,67 @@ impl<B: Backend> Worker<B> {
         c.prefill_ns.fetch_add(prefill_ns, Ordering::Relaxed);
         c.decode_ns.fetch_add(ns - prefill_ns, Ordering::Relaxed);
         let vocab = self.model.config().vocab_size;
-        let (mut logits, failure) = match result {
-            Ok(Ok(l)) => (l.into_iter(), None),
-            Ok(Err(e)) => (Vec::new().into_iter(), Some(format!("{e:#}"))),
+        let (logits, failure) = match result {
+            Ok(Ok(l)) => (l, None),
+            // A failed pass of several jobs (an expert read that failed, say) fails only the jobs that fail
+            // alone: each runs its piece again by itself on a session rebuilt from its tokens.
+            Ok(Err(_)) if planned.len() > 1 => {
+                c.isolated_passes.fetch_add(1, Ordering::Relaxed);
+                let chunk = shared.cfg.prefill_chunk;
+                let alone: Vec<Result<Vec<f32>, String>> = planned
+                    .iter_mut()
+                    .map(|p| {
+                        catch_unwind(AssertUnwindSafe(|| {
+                            p.a.gen
+                                .run_alone(&*self.model, &p.plan, chunk, &shared.stats)
+                        }))
+                        .map_err(|panic| format!("internal error: {}", panic_message(&panic)))
+                        .and_then(|r| r.map_err(|e| format!("{e:#}")))
+                    })
+                    .collect();
+                (Vec::new(), Some(alone))
+            }
+            Ok(Err(e)) => (Vec::new(), Some(vec![Err(format!("{e:#}"))])),
             Err(panic) => (
-                Vec::new().into_iter(),
-                Some(format!("internal error: {}", panic_message(&panic))),
+                Vec::new(),
+                Some(vec![Err(format!(
+                    "internal error: {}",
+                    panic_message(&panic)
+                ))]),
             ),
         };
+        // Each job's logits, or why it has none.
+        let results: Vec<Result<Vec<f32>, String>> = match failure {
+            None => logits.into_iter().map(Ok).collect(),
+            Some(alone) if alone.len() == planned.len() => alone,
+            Some(mut one) => {
+                let e = one.pop().expect("one failure").unwrap_err();
+                planned.iter().map(|_| Err(e.clone())).collect()
+            }
+        };
         let mut again = Vec::new();
-        for InPass {
-            mut a,
-            was_prefilled,
-            plan,
-        } in planned
+        for (
+            InPass {
+                mut a,
+                was_prefilled,
+                plan,
+            },
+            result,
+        ) in planned.into_iter().zip(results)
         {
             // The job's logits applied: a further pass it needs (a re-run), or how it stands.
-            let applied = match &failure {
-                None => {
-                    let l = logits.next().expect("one result a pass");
-                    catch_unwind(AssertUnwindSafe(|| {
-                        let on_token = token_callback(c, &mut a.job);
-                        match &mut a.draft {
-                            Some(d) => a.gen.apply_speculative(plan, l, vocab, d, on_token),
-                            None => {
-                                a.gen.apply(plan, l, vocab);
-                                Ok(None)
-                            }
+            let applied = match result {
+                Ok(l) => catch_unwind(AssertUnwindSafe(|| {
+                    let on_token = token_callback(c, &mut a.job);
+                    match &mut a.draft {
+                        Some(d) => a.gen.apply_speculative(plan, l, vocab, d, on_token),
+                        None => {
+                            a.gen.apply(plan, l, vocab);
+                            Ok(None)
                         }
-                    }))
-                }
-                Some(e) => Ok(Err(anyhow::anyhow!("{e}"))),
+                    }
+                })),
+                Err(e) => Ok(Err(anyhow::anyhow!("{e}"))),
             };
             self.route(a, was_prefilled, applied, &mut again, still);
         }

@@ -138,6 +138,12 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
         &one(get(&c.batched_passes)),
     );
     metric(
+        "deltafin_isolated_passes_total",
+        "counter",
+        "Batched passes that failed (a failed expert read, say) and were run again one generation at a time, so that only the generations that fail alone fail.",
+        &one(get(&c.isolated_passes)),
+    );
+    metric(
         "deltafin_batched_generations_total",
         "counter",
         "Generations in those passes, summed (over the passes: the mean batch).",
