@@ -136,7 +136,7 @@ pub struct Counters {
     pub batched_passes: AtomicU64,
     pub batched_jobs: AtomicU64,
     pub batched_rows: AtomicU64,
-    /// Batched passes that failed and were run again one job at a time, so that only the jobs that fail alone
+    /// Passes that failed and were run again one job at a time, so that only the jobs that fail again alone
     /// fail.
     pub isolated_passes: AtomicU64,
 }
@@ -367,6 +367,13 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Frees a finishing job's slot before its sink hears of the end: a client that sends its next request as
+    /// soon as it has the reply must find the slot free, not be refused as if the server were full.
+    fn release(&self) {
+        let mut q = self.shared.lock();
+        q.active = q.active.saturating_sub(1);
+    }
+
     fn set_active(&self, n: usize) {
         self.shared.lock().active = n;
         self.shared
@@ -405,6 +412,7 @@ impl<B: Backend> Worker<B> {
             }),
             Err(e) => {
                 self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.release();
                 job.sink.finished(Err(format!("{e:#}")));
                 None
             }
@@ -425,6 +433,7 @@ impl<B: Backend> Worker<B> {
             Err(panic) => {
                 let what = panic_message(&panic);
                 self.shared.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.release();
                 let sink = &mut a.job.sink;
                 let _ = catch_unwind(AssertUnwindSafe(|| {
                     sink.finished(Err(format!("internal error: {what}")))
@@ -435,7 +444,7 @@ impl<B: Backend> Worker<B> {
 
     /// Every job's next piece in batched passes: each plans it (a chosen token goes to its sink now), the
     /// pass runs, and each takes its logits; the speculative checks that ran past their taken tokens run those
-    /// again in a second pass. A failed or panicking pass fails the jobs in it.
+    /// again in a second pass. A failed pass fails the jobs that fail again alone; a panicking one, the jobs in it.
     fn batched(&mut self, active: Vec<Active<B>>) -> Vec<Active<B>> {
         let shared = self.shared.clone();
         let c = &shared.counters;
@@ -525,14 +534,16 @@ impl<B: Backend> Worker<B> {
         c.prefill_ns.fetch_add(prefill_ns, Ordering::Relaxed);
         c.decode_ns.fetch_add(ns - prefill_ns, Ordering::Relaxed);
         let vocab = self.model.config().vocab_size;
-        let (logits, failure) = match result {
-            Ok(Ok(l)) => (l, None),
-            // A failed pass of several jobs (an expert read that failed, say) fails only the jobs that fail
-            // alone: each runs its piece again by itself on a session rebuilt from its tokens.
-            Ok(Err(_)) if planned.len() > 1 => {
+        // Each job's logits, or why it has none.
+        let results: Vec<Result<Vec<f32>, String>> = match result {
+            Ok(Ok(l)) => l.into_iter().map(Ok).collect(),
+            // A failed pass (an expert read that failed, say) fails only the jobs that fail again alone: each
+            // runs its piece by itself on a session rebuilt from its tokens (the pass left every session of it
+            // part way).
+            Ok(Err(_)) => {
                 c.isolated_passes.fetch_add(1, Ordering::Relaxed);
                 let chunk = shared.cfg.prefill_chunk;
-                let alone: Vec<Result<Vec<f32>, String>> = planned
+                planned
                     .iter_mut()
                     .map(|p| {
                         catch_unwind(AssertUnwindSafe(|| {
@@ -542,24 +553,10 @@ impl<B: Backend> Worker<B> {
                         .map_err(|panic| format!("internal error: {}", panic_message(&panic)))
                         .and_then(|r| r.map_err(|e| format!("{e:#}")))
                     })
-                    .collect();
-                (Vec::new(), Some(alone))
+                    .collect()
             }
-            Ok(Err(e)) => (Vec::new(), Some(vec![Err(format!("{e:#}"))])),
-            Err(panic) => (
-                Vec::new(),
-                Some(vec![Err(format!(
-                    "internal error: {}",
-                    panic_message(&panic)
-                ))]),
-            ),
-        };
-        // Each job's logits, or why it has none.
-        let results: Vec<Result<Vec<f32>, String>> = match failure {
-            None => logits.into_iter().map(Ok).collect(),
-            Some(alone) if alone.len() == planned.len() => alone,
-            Some(mut one) => {
-                let e = one.pop().expect("one failure").unwrap_err();
+            Err(panic) => {
+                let e = format!("internal error: {}", panic_message(&panic));
                 planned.iter().map(|_| Err(e.clone())).collect()
             }
         };
@@ -646,6 +643,7 @@ impl<B: Backend> Worker<B> {
             Ok(f) => f,
             Err(e) => {
                 c.failed.fetch_add(1, Ordering::Relaxed);
+                self.release();
                 a.job.sink.finished(Err(format!("{e:#}")));
                 return Outcome::Dropped;
             }
@@ -664,6 +662,7 @@ impl<B: Backend> Worker<B> {
                     Ok(None) => {}
                     Err(e) => {
                         c.failed.fetch_add(1, Ordering::Relaxed);
+                        self.release();
                         a.job.sink.finished(Err(format!("{e:#}")));
                         return Outcome::Dropped;
                     }
@@ -678,6 +677,7 @@ impl<B: Backend> Worker<B> {
             return Outcome::Running;
         };
         c.completed.fetch_add(1, Ordering::Relaxed);
+        self.release();
         a.job.sink.finished(Ok(Finished {
             reason,
             prompt_tokens: a.gen.prompt_len(),

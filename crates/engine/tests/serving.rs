@@ -461,12 +461,13 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
     }
 }
 
-/// The tiny model, with batched passes that fail once `fail_at` of them have run; notes whether each decode step
-/// asked to run the next one ahead.
+/// The tiny model, with passes that fail once `fail_at` of them have run (only that one, with `once`); notes
+/// whether each decode step asked to run the next one ahead.
 #[derive(Default)]
 struct Flaky {
     passes: std::sync::atomic::AtomicUsize,
     fail_at: usize,
+    once: bool,
     ahead: Mutex<Vec<bool>>,
 }
 
@@ -487,15 +488,6 @@ impl Backend for Flaky {
     fn new_session(&self) -> anyhow::Result<Self::Session> {
         Backend::new_session(&**model())
     }
-    fn forward(
-        &self,
-        session: &mut Self::Session,
-        tokens: &[u32],
-        rows: deltafin_models::LogitRows,
-        stats: &Stats,
-    ) -> anyhow::Result<Vec<f32>> {
-        model().forward(session, tokens, rows, stats)
-    }
     fn decode(
         &self,
         session: &mut Self::Session,
@@ -511,7 +503,8 @@ impl Backend for Flaky {
         batch: &mut [deltafin_models::Pass<'_, Self::Session>],
         stats: &Stats,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
-        if self.passes.fetch_add(1, Ordering::Relaxed) >= self.fail_at {
+        let n = self.passes.fetch_add(1, Ordering::Relaxed);
+        if n == self.fail_at || (n > self.fail_at && !self.once) {
             anyhow::bail!("the expert store could not read a record");
         }
         model().forward_batch(batch, stats)
@@ -527,8 +520,9 @@ impl Backend for Flaky {
     }
 }
 
-/// A batched pass that fails ends every job in it with the error, and the scheduler keeps running: the
-/// counters say so, and a later job is served (here it fails the same way, reported, not hung).
+/// A batched pass that fails, and whose jobs fail again when each runs alone, ends every job in it with the
+/// error, and the scheduler keeps running: the counters say so, and a later job is served (here it fails the
+/// same way, reported, not hung).
 #[test]
 fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     let flaky = Arc::new(Flaky {
@@ -564,6 +558,55 @@ fn a_failed_batched_pass_fails_its_jobs_and_the_scheduler_goes_on() {
     let c = sched.counters();
     assert_eq!(c.failed.load(Ordering::Relaxed), 3);
     assert_eq!(c.completed.load(Ordering::Relaxed), 0);
+    // The two jobs' pass, then the later job's.
+    assert_eq!(c.isolated_passes.load(Ordering::Relaxed), 2);
+}
+
+/// A batched pass that fails once (a read that failed, then succeeds): each of its jobs runs its piece again
+/// alone, on a session rebuilt from its tokens, and gets exactly its plain generation's tokens.
+#[test]
+fn jobs_of_a_failed_batched_pass_that_succeed_alone_complete_with_their_usual_tokens() {
+    let flaky = Arc::new(Flaky {
+        fail_at: 4,
+        once: true,
+        ..Default::default()
+    });
+    let sched = Scheduler::start(
+        flaky,
+        SchedulerConfig {
+            max_active: 3,
+            queue_capacity: 0,
+            prefill_chunk: 4,
+            prefix_cache_bytes: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let h = Harness::new();
+    let reqs: Vec<Request> = (0..3)
+        .map(|i| request(&PROMPT[i..], 10, 0.7 * i as f32))
+        .collect();
+    for (i, r) in reqs.iter().enumerate() {
+        sched.submit(h.job(i, r.clone(), None)).unwrap();
+    }
+    expect_plain(&h, &reqs);
+    let c = sched.counters();
+    assert_eq!(c.isolated_passes.load(Ordering::Relaxed), 1);
+    assert_eq!(c.failed.load(Ordering::Relaxed), 0);
+}
+
+/// A finished job's slot is free by the time its sink hears of the end: a client that sends its next request on
+/// the reply is never refused as if the server were full.
+#[test]
+fn a_finished_jobs_slot_is_free_when_its_reply_arrives() {
+    let sched = scheduler(1, 0, None);
+    let h = Harness::new();
+    for i in 0..20 {
+        sched
+            .submit(h.job(i, request(&PROMPT, 1, 0.0), None))
+            .unwrap_or_else(|e| panic!("job {i} refused: {e:?}"));
+        assert!(h.next().1.is_ok());
+    }
 }
 
 /// A job decoding alone takes its steps through `Backend::decode`, asking to run the next one ahead while it is

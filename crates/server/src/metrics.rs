@@ -140,7 +140,7 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
     metric(
         "deltafin_isolated_passes_total",
         "counter",
-        "Batched passes that failed (a failed expert read, say) and were run again one generation at a time, so that only the generations that fail alone fail.",
+        "Passes that failed (a failed expert read, say) and were run again one generation at a time, so that only the generations that fail again alone fail.",
         &one(get(&c.isolated_passes)),
     );
     metric(

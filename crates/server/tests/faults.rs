@@ -165,7 +165,7 @@ fn a_failed_expert_read_fails_the_requests_that_need_it_naming_file_layer_and_ex
                 }
             }
             eprintln!(
-                "{fault:?}, {max_active} at a time: {} batched passes run again one request at a time",
+                "{fault:?}, {max_active} at a time: {} passes run again one request at a time",
                 metric(s.addr, "deltafin_isolated_passes_total")
             );
             // The drive mended, the server goes on serving, from bytes read again: the usual replies.
