@@ -173,6 +173,17 @@ impl Source {
             .map_err(|_| self.lie("the response has a malformed header line (no colon)".into()))
     }
 
+    /// Sends a request under [`Self::unpanic`].
+    fn call(
+        &self,
+        req: impl FnOnce() -> ureq::Request,
+    ) -> Result<Result<ureq::Response, ureq::Error>, Failure> {
+        // Boxed inside the closure only: ureq's error is large.
+        Ok(self
+            .unpanic(|| req().call().map_err(Box::new))?
+            .map_err(|e| *e))
+    }
+
     fn lie(&self, msg: String) -> Failure {
         self.counters.bad_responses.fetch_add(1, Ordering::Relaxed);
         Failure::Retry(msg)
@@ -182,7 +193,7 @@ impl Source {
     pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let what = format!("GET {}", self.url(name));
         self.with_retries(&what, || {
-            let resp = match self.unpanic(|| self.request(&self.agent, "GET", name).call())? {
+            let resp = match self.call(|| self.request(&self.agent, "GET", name))? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => return Ok(None),
                 Err(e) => return Err(classify(e)),
@@ -215,7 +226,7 @@ impl Source {
     pub fn head(&self, name: &str) -> Result<FileInfo> {
         let what = format!("HEAD {}", self.url(name));
         self.with_retries(&what, || {
-            let resp = match self.unpanic(|| self.request(&self.head_agent, "HEAD", name).call())? {
+            let resp = match self.call(|| self.request(&self.head_agent, "HEAD", name))? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => {
                     return Err(Failure::Fatal(
@@ -279,7 +290,7 @@ impl Source {
             if let Some(tag) = self.etags.get(name) {
                 req = req.set("If-Match", tag);
             }
-            let resp = match self.unpanic(|| req.call())? {
+            let resp = match self.call(|| req)? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(412, _)) => {
                     return Err(Failure::Fatal(format!(
