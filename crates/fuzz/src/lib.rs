@@ -120,8 +120,10 @@ fn model_config(data: &[u8]) {
 
 fn npy_array(data: &[u8]) {
     if let Ok(a) = npy::parse(data) {
-        for r in 0..a.rows {
-            let _ = a.row(r);
+        // The shape may be huge with no data at all ((4e9, 0)): check the extremes, not every row.
+        assert_eq!(a.rows.checked_mul(a.cols), Some(a.data.len()));
+        if a.rows > 0 {
+            let _ = (a.row(0), a.row(a.rows - 1));
         }
     }
 }
