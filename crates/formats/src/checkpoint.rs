@@ -40,38 +40,10 @@ impl Checkpoint {
         let index_path = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let (shard_names, weight_map) = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
+            let bytes = std::fs::read(&index_path)
                 .with_context(|| format!("cannot read {}", index_path.display()))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not valid JSON", index_path.display()))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .with_context(|| {
-                    format!(
-                        "{}: missing object field `weight_map`",
-                        index_path.display()
-                    )
-                })?;
-            let mut names: Vec<String> = Vec::new();
-            let mut weight_map = HashMap::new();
-            for (tensor, shard) in map {
-                let shard = shard.as_str().with_context(|| {
-                    format!(
-                        "{}: `weight_map.{tensor}` must be a file name",
-                        index_path.display()
-                    )
-                })?;
-                if shard.contains('/') || shard.contains("..") {
-                    bail!("{}: `weight_map.{tensor}` names {shard:?}, which is not a file in the model directory", index_path.display());
-                }
-                if !names.iter().any(|n| n == shard) {
-                    names.push(shard.to_string());
-                }
-                weight_map.insert(tensor.clone(), shard.to_string());
-            }
-            names.sort();
-            (names, Some(weight_map))
+            let index = parse_index(&bytes, &index_path.display().to_string())?;
+            (index.shards, Some(index.weight_map))
         } else if single.exists() {
             (vec!["model.safetensors".to_string()], None)
         } else {
@@ -187,6 +159,40 @@ impl Checkpoint {
     }
 }
 
+/// `model.safetensors.index.json`: which shard holds each tensor.
+pub struct Index {
+    /// The distinct shard file names, sorted.
+    pub shards: Vec<String>,
+    /// Tensor name → shard file name.
+    pub weight_map: HashMap<String, String>,
+}
+
+/// Parses an index file's bytes; `origin` names it in errors.
+pub fn parse_index(bytes: &[u8], origin: &str) -> Result<Index> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).with_context(|| format!("{origin} is not valid JSON"))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .with_context(|| format!("{origin}: missing object field `weight_map`"))?;
+    let mut shards: Vec<String> = Vec::new();
+    let mut weight_map = HashMap::new();
+    for (tensor, shard) in map {
+        let shard = shard
+            .as_str()
+            .with_context(|| format!("{origin}: `weight_map.{tensor}` must be a file name"))?;
+        if shard.is_empty() || shard.contains('/') || shard.contains("..") {
+            bail!("{origin}: `weight_map.{tensor}` names {shard:?}, which is not a file in the model directory");
+        }
+        if !shards.iter().any(|n| n == shard) {
+            shards.push(shard.to_string());
+        }
+        weight_map.insert(tensor.clone(), shard.to_string());
+    }
+    shards.sort();
+    Ok(Index { shards, weight_map })
+}
+
 /// How a Git LFS pointer file starts: what a clone without LFS leaves where the weights should be.
 pub const LFS_POINTER: &[u8] = b"version https://git-lfs.github.com/spec/v1";
 
@@ -195,19 +201,25 @@ fn read_header(path: &Path, file: &File, shard: usize) -> Result<Vec<TensorInfo>
     // process is outside what any reader can defend against and would fault, not corrupt.
     let map = unsafe { memmap2::Mmap::map(file) }
         .with_context(|| format!("cannot map {}", path.display()))?;
+    parse_header(path, &map, shard)
+}
+
+/// The tensors a whole safetensors file's bytes describe (`path` names it in errors); they are numbered as
+/// shard `shard`.
+pub fn parse_header(path: &Path, map: &[u8], shard: usize) -> Result<Vec<TensorInfo>> {
     if map.starts_with(LFS_POINTER) {
         bail!(
             "{} is a Git LFS pointer, not the weights (the repository was cloned without LFS); run `git lfs pull` there, or mirror the repository with `deltafin fetch --from URL`",
             path.display()
         );
     }
-    let (header_len, metadata) = match SafeTensors::read_metadata(&map) {
+    let (header_len, metadata) = match SafeTensors::read_metadata(map) {
         Ok(ok) => ok,
         Err(SafeTensorError::MetadataIncompleteBuffer) => bail!(
             "{} is truncated or has trailing bytes: its header describes {} bytes of tensor data but the file holds {} after the header; re-download or re-create it",
             path.display(),
-            described_data_len(&map).unwrap_or(0),
-            map.len().saturating_sub(8 + header_len_of(&map).unwrap_or(0))
+            described_data_len(map).unwrap_or(0),
+            map.len().saturating_sub(header_len_of(map).unwrap_or(0).saturating_add(8))
         ),
         Err(e) => bail!("{} is not a valid safetensors file: {e}", path.display()),
     };
@@ -250,7 +262,7 @@ fn header_len_of(map: &[u8]) -> Option<usize> {
 /// The data length a (valid-JSON) header claims, for the truncation message.
 fn described_data_len(map: &[u8]) -> Option<u64> {
     let n = header_len_of(map)?;
-    let header: serde_json::Value = serde_json::from_slice(map.get(8..8 + n)?).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(map.get(8..n.checked_add(8)?)?).ok()?;
     header
         .as_object()?
         .values()

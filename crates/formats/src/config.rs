@@ -144,9 +144,9 @@ fn parse_k3(root: &Map<String, Value>) -> Result<ModelConfig> {
 
     let rms_norm_eps = f32_field(text, "rms_norm_eps")?;
     let mut cfg = common(text, linear, Family::KimiK3, rms_norm_eps)?;
-    cfg.mla.q_lora_rank = Some(usize_field(text, "q_lora_rank")?);
-    cfg.moe.latent = Some(usize_field(text, "routed_expert_hidden_size")?);
-    cfg.attn_res_block = Some(usize_field(text, "attn_res_block_size")?);
+    cfg.mla.q_lora_rank = Some(dim_field(text, "q_lora_rank")?);
+    cfg.moe.latent = Some(dim_field(text, "routed_expert_hidden_size")?);
+    cfg.attn_res_block = Some(bounded(text, "attn_res_block_size", MAX_LAYERS)?);
     if cfg.attn_res_block == Some(0) {
         bail!("field `text_config.attn_res_block_size` must be at least 1");
     }
@@ -162,7 +162,7 @@ fn parse_kimi_linear(root: &Map<String, Value>) -> Result<ModelConfig> {
     expect_groups_trivial(root)?;
     let rms_norm_eps = f32_field(root, "rms_norm_eps")?;
     let mut cfg = common(root, linear, Family::KimiLinear, rms_norm_eps)?;
-    cfg.mla.q_lora_rank = opt_usize(root, "q_lora_rank")?;
+    cfg.mla.q_lora_rank = opt_bounded(root, "q_lora_rank", MAX_DIM)?;
     // transformers builds the latent norms with KimiLinearRMSNorm's default eps.
     cfg.mla.latent_norm_eps = 1e-6;
     cfg.bos_token_id = opt_u32(root, "bos_token_id")?;
@@ -178,40 +178,40 @@ fn common(
     family: Family,
     rms_norm_eps: f32,
 ) -> Result<ModelConfig> {
-    let num_layers = usize_field(text, "num_hidden_layers")?;
-    let heads = usize_field(text, "num_attention_heads")?;
+    let num_layers = bounded(text, "num_hidden_layers", MAX_LAYERS)?;
+    let heads = dim_field(text, "num_attention_heads")?;
     if let Some(kv) = opt_usize(text, "num_key_value_heads")? {
         if kv != heads {
             bail!("field `num_key_value_heads` is {kv} but `num_attention_heads` is {heads}; MLA needs them equal");
         }
     }
-    let moe_intermediate = usize_field(text, "moe_intermediate_size")?;
-    let shared = usize_field(text, "num_shared_experts")?;
+    let moe_intermediate = dim_field(text, "moe_intermediate_size")?;
+    let shared = bounded(text, "num_shared_experts", MAX_EXPERTS)?;
     Ok(ModelConfig {
         family,
-        hidden: usize_field(text, "hidden_size")?,
+        hidden: dim_field(text, "hidden_size")?,
         num_layers,
-        vocab_size: usize_field(text, "vocab_size")?,
+        vocab_size: bounded(text, "vocab_size", MAX_VOCAB)?,
         rms_norm_eps,
         first_k_dense: opt_usize(text, "first_k_dense_replace")?.unwrap_or(1),
-        dense_intermediate: usize_field(text, "intermediate_size")?,
+        dense_intermediate: dim_field(text, "intermediate_size")?,
         is_mla: layer_schedule(linear, num_layers)?,
         kda: KdaConfig {
-            heads: usize_field(linear, "num_heads")?,
-            head_dim: usize_field(linear, "head_dim")?,
-            conv_kernel: usize_field(linear, "short_conv_kernel_size")?,
+            heads: dim_field(linear, "num_heads")?,
+            head_dim: dim_field(linear, "head_dim")?,
+            conv_kernel: dim_field(linear, "short_conv_kernel_size")?,
         },
         mla: MlaConfig {
             heads,
             q_lora_rank: None,
-            kv_lora_rank: usize_field(text, "kv_lora_rank")?,
-            qk_nope_head_dim: usize_field(text, "qk_nope_head_dim")?,
-            qk_rope_head_dim: usize_field(text, "qk_rope_head_dim")?,
-            v_head_dim: usize_field(text, "v_head_dim")?,
+            kv_lora_rank: dim_field(text, "kv_lora_rank")?,
+            qk_nope_head_dim: dim_field(text, "qk_nope_head_dim")?,
+            qk_rope_head_dim: dim_field(text, "qk_rope_head_dim")?,
+            v_head_dim: dim_field(text, "v_head_dim")?,
             latent_norm_eps: rms_norm_eps,
         },
         moe: MoeConfig {
-            num_experts: usize_field(text, "num_experts")?,
+            num_experts: bounded(text, "num_experts", MAX_EXPERTS)?,
             top_k: usize_field(text, "num_experts_per_token")?,
             intermediate: moe_intermediate,
             latent: None,
@@ -323,6 +323,32 @@ fn str_field<'a>(obj: &'a Map<String, Value>, field: &str) -> Result<&'a str> {
     let v = get(obj, field)?;
     v.as_str()
         .with_context(|| format!("field `{field}` must be a string, found {v}"))
+}
+
+/// Upper bounds on sizes, far above any real model's (K3: widths up to 33792, 93 layers, 896 experts,
+/// vocabulary 163840), so that a damaged or hostile config is refused before anything is allocated from it
+/// and products of up to three sizes cannot overflow.
+const MAX_DIM: usize = 1 << 20;
+const MAX_LAYERS: usize = 1 << 12;
+const MAX_EXPERTS: usize = 1 << 16;
+const MAX_VOCAB: usize = 1 << 24;
+
+/// A width or head count.
+fn dim_field(obj: &Map<String, Value>, field: &str) -> Result<usize> {
+    bounded(obj, field, MAX_DIM)
+}
+
+fn bounded(obj: &Map<String, Value>, field: &str, max: usize) -> Result<usize> {
+    opt_bounded(obj, field, max)?.with_context(|| format!("missing field `{field}`"))
+}
+
+fn opt_bounded(obj: &Map<String, Value>, field: &str, max: usize) -> Result<Option<usize>> {
+    match opt_usize(obj, field)? {
+        Some(n) if n > max => bail!(
+            "field `{field}` is {n}, above the {max} deltafin accepts; the config is damaged or not a real model's"
+        ),
+        n => Ok(n),
+    }
 }
 
 fn usize_field(obj: &Map<String, Value>, field: &str) -> Result<usize> {
@@ -456,5 +482,25 @@ mod tests {
         let mut v = k3();
         v["text_config"]["vocab_size"] = json!("big");
         assert!(err(v).contains("`vocab_size` must be a non-negative integer"));
+    }
+
+    /// `num_hidden_layers` used to size a vector before any check, so a huge value aborted on allocation;
+    /// sizes are now bounded before use.
+    #[test]
+    fn absurd_sizes_are_refused_before_allocation() {
+        for (field, n) in [
+            ("num_hidden_layers", 1u64 << 40),
+            ("hidden_size", 1_000_000_000_000),
+            ("vocab_size", u64::MAX),
+            ("num_experts", 1 << 33),
+        ] {
+            let mut v = k3();
+            v["text_config"][field] = json!(n);
+            let e = err(v);
+            assert!(
+                e.contains(&format!("field `{field}` is {n}, above the")),
+                "{field}: {e}"
+            );
+        }
     }
 }

@@ -42,16 +42,23 @@ pub fn state_path(dir: &Path) -> PathBuf {
 pub fn read_state(dir: &Path) -> Result<Option<MirrorState>> {
     let path = state_path(dir);
     match std::fs::read(&path) {
-        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
-            format!(
-                "{} is damaged; delete {} and fetch again",
-                path.display(),
-                dir.display()
-            )
-        })?)),
+        Ok(bytes) => parse_state(&bytes)
+            .with_context(|| {
+                format!(
+                    "{} is damaged; delete {} and fetch again",
+                    path.display(),
+                    dir.display()
+                )
+            })
+            .map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
+}
+
+/// Parses the bytes of a mirror's `mirror.json`.
+pub fn parse_state(bytes: &[u8]) -> Result<MirrorState> {
+    Ok(serde_json::from_slice(bytes)?)
 }
 
 pub fn write_state(dir: &Path, state: &MirrorState) -> Result<()> {

@@ -48,7 +48,8 @@ pub fn read(path: &Path) -> Result<Array2> {
     parse(&bytes).with_context(|| format!("{} is not a float .npy array", path.display()))
 }
 
-fn parse(bytes: &[u8]) -> Result<Array2> {
+/// Parses a whole `.npy` file's bytes (see [`read`]).
+pub fn parse(bytes: &[u8]) -> Result<Array2> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         bail!("missing the .npy magic");
     }
@@ -92,11 +93,12 @@ fn parse(bytes: &[u8]) -> Result<Array2> {
         _ => bail!("expected a 1-D or 2-D array, shape is {dims:?}"),
     };
     let payload = &bytes[hstart + hlen..];
-    if payload.len() != rows * cols * width {
+    let need = rows.checked_mul(cols).and_then(|n| n.checked_mul(width));
+    if need != Some(payload.len()) {
         bail!(
             "payload is {} bytes, shape {dims:?} needs {}",
             payload.len(),
-            rows * cols * width
+            need.map_or("more than fits in memory".into(), |n| n.to_string())
         );
     }
     let data = if width == 4 {

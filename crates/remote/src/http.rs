@@ -165,6 +165,25 @@ impl Source {
         unreachable!("the loop returns on its last attempt")
     }
 
+    /// Runs `f`, which reads a response through ureq. ureq 2 panics on a header line without a colon (its
+    /// `Header::value` slices past the line's end), in `call` as in `header`: from a server that sends one,
+    /// that is a broken response like any other, never the end of the process.
+    fn unpanic<T>(&self, f: impl FnOnce() -> T) -> Result<T, Failure> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .map_err(|_| self.lie("the response has a malformed header line (no colon)".into()))
+    }
+
+    /// Sends a request under [`Self::unpanic`].
+    fn call(
+        &self,
+        req: impl FnOnce() -> ureq::Request,
+    ) -> Result<Result<ureq::Response, ureq::Error>, Failure> {
+        // Boxed inside the closure only: ureq's error is large.
+        Ok(self
+            .unpanic(|| req().call().map_err(Box::new))?
+            .map_err(|e| *e))
+    }
+
     fn lie(&self, msg: String) -> Failure {
         self.counters.bad_responses.fetch_add(1, Ordering::Relaxed);
         Failure::Retry(msg)
@@ -174,13 +193,13 @@ impl Source {
     pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let what = format!("GET {}", self.url(name));
         self.with_retries(&what, || {
-            let resp = match self.request(&self.agent, "GET", name).call() {
+            let resp = match self.call(|| self.request(&self.agent, "GET", name))? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => return Ok(None),
                 Err(e) => return Err(classify(e)),
             };
-            let want = resp
-                .header("Content-Length")
+            let want = self
+                .unpanic(|| resp.header("Content-Length"))?
                 .and_then(|v| v.trim().parse::<u64>().ok());
             let mut body = Vec::new();
             if let Err(e) = resp.into_reader().read_to_end(&mut body) {
@@ -207,7 +226,7 @@ impl Source {
     pub fn head(&self, name: &str) -> Result<FileInfo> {
         let what = format!("HEAD {}", self.url(name));
         self.with_retries(&what, || {
-            let resp = match self.request(&self.head_agent, "HEAD", name).call() {
+            let resp = match self.call(|| self.request(&self.head_agent, "HEAD", name))? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => {
                     return Err(Failure::Fatal(
@@ -218,10 +237,11 @@ impl Source {
                 Err(e) => return Err(classify(e)),
             };
             let redirected = (300..400).contains(&resp.status());
+            let header = |h| self.unpanic(|| resp.header(h));
             let size = if redirected {
-                resp.header("X-Linked-Size")
+                header("X-Linked-Size")?
             } else {
-                resp.header("Content-Length")
+                header("Content-Length")?
             };
             let Some(size) = size.and_then(|v| v.trim().parse::<u64>().ok()) else {
                 return Err(Failure::Fatal(format!(
@@ -234,16 +254,13 @@ impl Source {
                     }
                 )));
             };
-            let sha256 = resp
-                .header("X-Linked-Etag")
-                .or_else(|| resp.header("ETag"))
-                .and_then(sha256_etag);
+            let etag = header("ETag")?;
+            let sha256 = header("X-Linked-Etag")?.or(etag).and_then(sha256_etag);
             // A redirect's ETag describes the redirect; a weak one cannot be matched byte for byte.
-            let etag = resp
-                .header("ETag")
+            let etag = etag
                 .filter(|e| !redirected && !e.trim().starts_with("W/"))
                 .map(|e| e.trim().to_string());
-            let commit = resp.header("X-Repo-Commit").map(|c| c.trim().to_string());
+            let commit = header("X-Repo-Commit")?.map(|c| c.trim().to_string());
             Ok(FileInfo {
                 size,
                 sha256,
@@ -273,7 +290,7 @@ impl Source {
             if let Some(tag) = self.etags.get(name) {
                 req = req.set("If-Match", tag);
             }
-            let resp = match req.call() {
+            let resp = match self.call(|| req)? {
                 Ok(r) => r,
                 Err(ureq::Error::Status(412, _)) => {
                     return Err(Failure::Fatal(format!(
@@ -297,14 +314,18 @@ impl Source {
             if resp.status() != 206 {
                 return Err(self.lie(format!("answered {} instead of 206", resp.status())));
             }
-            let got_range = resp.header("Content-Range").unwrap_or("").trim().to_string();
+            let got_range = self
+                .unpanic(|| resp.header("Content-Range"))?
+                .unwrap_or("")
+                .trim()
+                .to_string();
             if got_range != want_range {
                 return Err(self.lie(format!(
                     "Content-Range is {got_range:?}, expected {want_range:?}"
                 )));
             }
-            let clen = resp
-                .header("Content-Length")
+            let clen = self
+                .unpanic(|| resp.header("Content-Length"))?
                 .and_then(|v| v.trim().parse::<u64>().ok());
             if clen.is_some_and(|c| c != len) {
                 return Err(self.lie(format!(
@@ -362,6 +383,50 @@ fn sha256_etag(v: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing: ureq 2 panics on a header line without a colon, inside `call` (for the headers it
+    /// reads itself) and in `header`; each request must turn that into an error instead.
+    #[test]
+    fn a_header_line_without_a_colon_is_an_error_not_a_panic() {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/repo", listener.local_addr().unwrap());
+        let answers = [
+            "HTTP/1.1 206 Partial Content\r\nContent-Length\r\n\r\n",
+            "HTTP/1.1 206 Partial Content\r\nContent-Length\r\n\r\n",
+            "HTTP/1.1 206 Partial Content\r\nContent-Length\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nETag\r\n\r\n",
+        ];
+        let server = std::thread::spawn(move || {
+            for answer in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = conn.read(&mut buf).unwrap();
+                    head.extend_from_slice(&buf[..n]);
+                }
+                conn.write_all(answer.as_bytes()).unwrap();
+            }
+        });
+        let opts = HttpOptions {
+            retries: 0,
+            ..HttpOptions::default()
+        };
+        let s = Source::new(&url, opts).unwrap();
+        let errors = [
+            s.head("f").unwrap_err(),
+            s.get("f").unwrap_err(),
+            s.range("f", 0, 4, 8, &|_| Ok(())).unwrap_err(),
+            s.head("f").unwrap_err(),
+        ];
+        for e in errors {
+            let e = format!("{e:#}");
+            assert!(e.contains("malformed header line"), "{e}");
+        }
+        server.join().unwrap();
+        assert_eq!(s.counters.bad_responses.load(Ordering::Relaxed), 4);
+    }
 
     #[test]
     fn etags_count_as_sha256_only_when_they_are_one() {

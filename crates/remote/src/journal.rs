@@ -58,6 +58,40 @@ pub struct Replayed {
     pub experts: Vec<((usize, usize), u64)>,
 }
 
+/// Replays a journal's bytes (`origin` names it in errors): what is local, and whether the journal should be
+/// rewritten (its tail is torn, or most lines are history).
+pub fn replay(bytes: &[u8], origin: &str) -> Result<(Replayed, bool)> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut r = Replayed::default();
+    let mut experts: HashMap<(usize, usize), (u64, usize)> = HashMap::new();
+    let complete = text.rfind('\n').map_or("", |i| &text[..i]);
+    for (n, line) in complete.lines().enumerate() {
+        match Entry::parse(line) {
+            Some(Entry::Chunk(f, o, l)) => {
+                r.chunks.insert((f, o, l));
+            }
+            Some(Entry::SpineDone(v)) => r.spine = Some(v),
+            Some(Entry::Expert(l, e, h)) => {
+                experts.insert((l, e), (h, n));
+            }
+            Some(Entry::Evict(l, e)) => {
+                experts.remove(&(l, e));
+            }
+            None => bail!(
+                "{origin} line {}: {line:?} is not a journal entry; the mirror's state is damaged — delete the directory and fetch again",
+                n + 1
+            ),
+        }
+    }
+    let mut ordered: Vec<_> = experts.into_iter().collect();
+    ordered.sort_by_key(|(_, (_, n))| *n);
+    r.experts = ordered.into_iter().map(|(k, (h, _))| (k, h)).collect();
+    // Rewrite when most lines are history (evictions, re-fetches) or the tail is torn.
+    let live = r.chunks.len() + r.experts.len() + 1;
+    let rewrite = complete.len() != text.len() || complete.lines().count() > 2 * live + 1024;
+    Ok((r, rewrite))
+}
+
 pub struct Journal {
     path: PathBuf,
     file: File,
@@ -71,39 +105,12 @@ impl Journal {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };
-        let text = String::from_utf8_lossy(&text);
-        let mut r = Replayed::default();
-        let mut experts: HashMap<(usize, usize), (u64, usize)> = HashMap::new();
-        let complete = text.rfind('\n').map_or("", |i| &text[..i]);
-        for (n, line) in complete.lines().enumerate() {
-            match Entry::parse(line) {
-                Some(Entry::Chunk(f, o, l)) => {
-                    r.chunks.insert((f, o, l));
-                }
-                Some(Entry::SpineDone(v)) => r.spine = Some(v),
-                Some(Entry::Expert(l, e, h)) => {
-                    experts.insert((l, e), (h, n));
-                }
-                Some(Entry::Evict(l, e)) => {
-                    experts.remove(&(l, e));
-                }
-                None => bail!(
-                    "{} line {}: {line:?} is not a journal entry; the mirror's state is damaged — delete the directory and fetch again",
-                    path.display(),
-                    n + 1
-                ),
-            }
-        }
-        let mut ordered: Vec<_> = experts.into_iter().collect();
-        ordered.sort_by_key(|(_, (_, n))| *n);
-        r.experts = ordered.into_iter().map(|(k, (h, _))| (k, h)).collect();
+        let (r, torn_or_long) = replay(&text, &path.display().to_string())?;
         let mut journal = Journal {
             path: path.to_path_buf(),
             file: Self::append_handle(path)?,
         };
-        // Rewrite when most lines are history (evictions, re-fetches) or the tail is torn.
-        let live = r.chunks.len() + r.experts.len() + 1;
-        if complete.len() != text.len() || complete.lines().count() > 2 * live + 1024 {
+        if torn_or_long {
             journal.rewrite(&r)?;
         }
         Ok((journal, r))

@@ -3,7 +3,7 @@
 //! the repository's `deltafin.checksums.json` when it publishes one.
 
 pub mod http;
-mod journal;
+pub mod journal;
 pub mod mirror;
 
 pub use http::{HttpOptions, Source};

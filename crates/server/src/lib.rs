@@ -155,6 +155,21 @@ pub async fn serve<B: Backend + 'static>(
     Ok(())
 }
 
+/// Parses and validates a request body as the handler of `route` does before anything reaches the tokenizer
+/// or the model: `None` for a route that takes no body, else the client-facing error body if it is refused.
+/// The parsers' one entry point from outside (the fuzzer's).
+pub fn parse_request(route: &str, body: &[u8]) -> Option<Result<(), serde_json::Value>> {
+    let parsed = match route {
+        "/v1/chat/completions" => api::chat(body).map(drop),
+        "/v1/completions" => api::completion(body).map(drop),
+        "/v1/messages" => messages::parse(body).map(drop),
+        "/v1/messages/count_tokens" => messages::parse_count(body).map(drop),
+        "/v1/responses" => responses::parse(body).map(drop),
+        _ => return None,
+    };
+    Some(parsed.map_err(|e| e.body()))
+}
+
 fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(respond::models))

@@ -224,16 +224,7 @@ pub fn open_pack(dir: &Path, model_identity: &str) -> Result<Manifest> {
     let bytes = std::fs::read(&mpath).with_context(|| {
         format!("{} has no {MANIFEST}: it is not a finished pack (an interrupted `deltafin pack` resumes when re-run)", dir.display())
     })?;
-    let m: Manifest = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is not a valid pack manifest", mpath.display()))?;
-    if m.format != "deltafin-pack" || m.layout_version != LAYOUT_VERSION {
-        bail!(
-            "{}: pack format {:?} version {} is not the {LAYOUT_VERSION} this deltafin reads; re-run `deltafin pack`",
-            mpath.display(),
-            m.format,
-            m.layout_version
-        );
-    }
+    let m = Manifest::parse(&bytes, &mpath.display().to_string())?;
     if m.model_identity != model_identity {
         bail!("the pack at {} was made from another checkpoint (identity {} ≠ {model_identity}); re-run `deltafin pack`", dir.display(), m.model_identity);
     }
@@ -271,6 +262,20 @@ pub fn open_pack(dir: &Path, model_identity: &str) -> Result<Manifest> {
 pub type StoreLayout = (Vec<(PathBuf, usize)>, Vec<Vec<RecordLoc>>);
 
 impl Manifest {
+    /// Parses a manifest's bytes and checks its format; `origin` names it in errors.
+    pub fn parse(bytes: &[u8], origin: &str) -> Result<Manifest> {
+        let m: Manifest = serde_json::from_slice(bytes)
+            .with_context(|| format!("{origin} is not a valid pack manifest"))?;
+        if m.format != "deltafin-pack" || m.layout_version != LAYOUT_VERSION {
+            bail!(
+                "{origin}: pack format {:?} version {} is not the {LAYOUT_VERSION} this deltafin reads; re-run `deltafin pack`",
+                m.format,
+                m.layout_version
+            );
+        }
+        Ok(m)
+    }
+
     /// The pack's files (stripe order) and records by layer, for [`crate::ExpertStore::new`].
     pub fn records(&self, n_layers: usize) -> Result<StoreLayout> {
         let files = self
@@ -287,6 +292,16 @@ impl Manifest {
                     r.layer
                 );
             };
+            // Every layer holds every expert, so an expert number is below the count of records; checked
+            // before it sizes the layer's list.
+            if r.expert >= self.records.len() {
+                bail!(
+                    "the pack's record for layer {} names expert {}, but the pack holds only {} records; the manifest is damaged",
+                    r.layer,
+                    r.expert,
+                    self.records.len()
+                );
+            }
             if layer.len() <= r.expert {
                 layer.resize(r.expert + 1, None);
             }
@@ -322,6 +337,31 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An expert number used to size the layer's list unchecked, so a huge one aborted on allocation.
+    #[test]
+    fn a_huge_expert_number_is_refused_before_allocation() {
+        let m = Manifest {
+            format: "deltafin-pack".into(),
+            layout_version: LAYOUT_VERSION,
+            model_identity: "m".into(),
+            record_len: 4096,
+            stripes: vec!["/nonexistent".into()],
+            weights: vec![1.0],
+            records: vec![PackedRecord {
+                layer: 0,
+                expert: usize::MAX / 2,
+                stripe: 0,
+                offset: 0,
+                checksum: "00".into(),
+            }],
+        };
+        let e = format!("{:#}", m.records(1).unwrap_err());
+        assert!(
+            e.contains("names expert 9223372036854775807, but the pack holds only 1 records"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn plan_follows_weights_and_aligns() {

@@ -118,6 +118,15 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded> {
         .chain(added.keys())
         .max()
         .map_or(0, |&id| id as usize + 1);
+    // Ids are (nearly) dense in any real vocabulary; the table is sized by the largest, so that must be in
+    // proportion to the file.
+    let entries = vocab.len() + added.len();
+    if top > 2 * entries + 1024 {
+        bail!(
+            "{shown}: token id {} is far beyond the file's {entries} tokens (ids this sparse mean a damaged file)",
+            top - 1
+        );
+    }
     let mut tokens = vec![Vec::new(); top];
     for (token, &id) in &vocab {
         tokens[id as usize] = token_bytes(token, byte_level.as_ref());

@@ -232,3 +232,20 @@ fn broken_tokenizer_json_is_a_clear_error() {
     let e = format!("{:#}", Tokenizer::from_dir(dir.path()).err().unwrap());
     assert!(e.contains("tokenizer_config.json: eos_token"), "{e}");
 }
+
+/// A token id far beyond the vocabulary used to size the id table unchecked: 4e9 ids aborted on allocation.
+#[test]
+fn a_sparse_huge_token_id_is_refused_before_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(dir.path());
+    let path = dir.path().join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    json["model"]["vocab"]["hello"] = 4_000_000_000u32.into();
+    std::fs::write(&path, json.to_string()).unwrap();
+    let Err(e) = Tokenizer::from_dir(dir.path()) else {
+        panic!("a token id of 4e9 in a vocabulary of 261 loaded");
+    };
+    let e = format!("{e:#}");
+    assert!(e.contains("token id 4000000000 is far beyond"), "{e}");
+}
