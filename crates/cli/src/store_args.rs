@@ -16,7 +16,7 @@ use std::time::Duration;
 pub struct StoreArgs {
     /// RAM for cached expert records, e.g. 8G, 512M or 0 (no cache beyond one layer's working set).
     /// Default: what this process may use (available memory, or its cgroup's limit when lower) less the
-    /// spine, the working set and a reserve of 1/32 (at least 256 MiB) — up to every routed expert.
+    /// spine, the working set and a reserve of 1/32 (at least 384 MiB) — up to every routed expert.
     #[arg(long, value_name = "SIZE")]
     pub expert_cache: Option<String>,
     /// Read routed experts from this pack (made by `deltafin pack`; any one of its stripe directories).
@@ -220,8 +220,10 @@ struct MemoryPlan {
 }
 
 /// Sizes what the flags leave open from what this process may use (`allowed`), keeping back a reserve of
-/// 1/32 of it, at least 256 MiB (or a quarter, when less is allowed), for the heap, the session and the kernel (plus a layer's downloads, held twice,
-/// for a mirror). The default expert cache takes the rest after the resident spine and the working set,
+/// 1/32 of it, at least 384 MiB (or a quarter, when less is allowed), for the heap, the session and the page
+/// cache charged to a cgroup (plus a layer's downloads, held twice, for a mirror): beside the bench model's
+/// 5 GiB cache that was ~310 MiB, and a default leaving less made the kernel reclaim on every step under a
+/// 6 GiB limit. The default expert cache takes the rest after the resident spine and the working set,
 /// up to every routed expert; when the spine does not fit, spine layers stream under a memory budget and the
 /// cache gets a quarter of it. Flags that cannot fit in `allowed` are refused before anything is loaded.
 fn plan_memory(
@@ -233,7 +235,7 @@ fn plan_memory(
 ) -> Result<MemoryPlan> {
     let working = needs.working_slots * needs.slot;
     let all = needs.records.saturating_sub(needs.working_slots) * needs.slot;
-    let reserve = (256u64 << 20)
+    let reserve = (384u64 << 20)
         .min(allowed.bytes / 4)
         .max(allowed.bytes / 32)
         + if mirror { working } else { 0 };
@@ -338,7 +340,7 @@ mod tests {
         let n = bench();
         let working = 32 * n.slot;
         let p = plan_memory(&n, &cgroup(6 * G), false, None, None).unwrap();
-        assert_eq!(p.cache, 6 * G - 256 * (1 << 20) - n.spine - working);
+        assert_eq!(p.cache, 6 * G - 384 * (1 << 20) - n.spine - working);
         assert_eq!((p.budget, p.streams_spine), (None, false));
         // With room for everything, the cache holds every record and no more.
         let p = plan_memory(&n, &cgroup(64 * G), false, None, None).unwrap();
