@@ -24,7 +24,7 @@ impl ExpertStore {
     /// store is dropped.
     pub fn fill_in_background(self: &Arc<Self>) {
         let (records, _) = self.records_cached();
-        if !self.opts.fill || self.slots() < records || records == 0 {
+        if self.slots() < records || records == 0 {
             return;
         }
         let mut order: Vec<Key> = self

@@ -73,8 +73,6 @@ pub struct StoreOptions {
     pub prefetch: bool,
     /// Reader threads or io_uring.
     pub backend: io::Backend,
-    /// When every routed expert fits in the cache, read the ones not yet asked for from idle drive time.
-    pub fill: bool,
 }
 
 impl Default for StoreOptions {
@@ -88,7 +86,6 @@ impl Default for StoreOptions {
             policy: Policy::default(),
             prefetch: true,
             backend: io::Backend::Pool,
-            fill: true,
         }
     }
 }
