@@ -31,9 +31,10 @@ pub struct BenchArgs {
     /// Runs per configuration (each on a fresh session and a fresh store; the median step is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// The cache budget of the second configuration.
-    #[arg(long, default_value = "4G")]
-    budget: String,
+    /// The expert cache of the third configuration (default: what `deltafin run` would choose here, sized
+    /// from the memory this process may use).
+    #[arg(long)]
+    budget: Option<String>,
     /// Sessions decoding together, one batched pass a step (tok/s counts every session's token).
     #[arg(long, default_value_t = 1)]
     batch: usize,
@@ -86,22 +87,25 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let mut probes = vec![disk.gbps()];
     let dd_gbps = dd_direct(&shard);
 
-    let budget = parse_size(&a.budget)?;
+    let budget = a.budget.as_deref().map(parse_size).transpose()?;
     let mut configs = Vec::new();
-    for (name, cache_bytes, prefetch) in [
-        ("cold, lookahead off", 0, false),
-        ("cold, lookahead on", 0, true),
+    for (name, cache, prefetch) in [
+        ("cold, lookahead off", Some(0), false),
+        ("cold, lookahead on", Some(0), true),
         ("budget, lookahead on", budget, true),
     ] {
         probes.push(measure()?.gbps());
         let mut steps = Vec::new();
+        let mut cache_bytes = 0;
         for run in 0..a.runs {
             let mut store = StoreArgs {
-                expert_cache: Some(cache_bytes.to_string()),
+                expert_cache: cache.map(|c| c.to_string()),
                 ..StoreArgs::default()
             };
             store.no_prefetch = !prefetch;
-            let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
+            let load = store.load_options(&dir)?;
+            cache_bytes = load.store.cache_bytes;
+            let model = Model::load_with(&dir, &load)?;
             steps.extend(decode_steps(&model, a.tokens, run as u32, a.batch)?);
         }
         configs.push((name, cache_bytes, prefetch, steps));
@@ -150,6 +154,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             probes.iter().map(|p| format!("{p:.3}")).collect::<Vec<_>>(),
             disk.mode,
             dd_gbps.map_or("n/a".to_string(), |g| format!("{g:.3} GB/s"))
+        );
+        println!(
+            "budget: an expert cache of {:.2} GiB ({})",
+            configs[2].1 as f64 / (1u64 << 30) as f64,
+            if a.budget.is_some() {
+                "--budget"
+            } else {
+                "the default for this process's memory"
+            }
         );
         println!(
             "{:<22} {:>7} {:>7} {:>9} {:>9} {:>10} {:>6} {:>7} {:>8} {:>5} {:>5}",
@@ -414,7 +427,7 @@ fn machine() -> String {
     format!(
         "{cpu}, {} threads, {:.0} GiB RAM, kernels {}",
         rayon::current_num_threads(),
-        crate::store_args::physical_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
+        crate::memory::physical_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
         deltafin_kernels::isa()
     )
 }

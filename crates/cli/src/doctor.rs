@@ -102,20 +102,12 @@ fn cpu_features() -> Vec<&'static str> {
 }
 
 fn memory_line() -> String {
-    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
-        return "unknown (no /proc/meminfo)".into();
-    };
-    let field = |name: &str| {
-        info.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map(|kib| kib as f64 / (1 << 20) as f64)
-    };
-    match (field("MemTotal:"), field("MemAvailable:")) {
-        (Some(total), Some(avail)) => format!("{total:.1} GiB total, {avail:.1} GiB available"),
-        (Some(total), None) => format!("{total:.1} GiB total"),
-        _ => "unknown".into(),
+    let total = crate::memory::physical_memory().map_or("unknown".into(), |t| {
+        format!("{:.1} GiB total", t as f64 / (1u64 << 30) as f64)
+    });
+    match crate::memory::allowance() {
+        Some(a) => format!("{total}; this process: {a}"),
+        None => total,
     }
 }
 

@@ -7,6 +7,7 @@ mod device;
 mod doctor;
 mod fetch;
 mod generate;
+mod memory;
 mod progress;
 mod report;
 mod store_args;

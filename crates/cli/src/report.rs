@@ -35,7 +35,7 @@ pub fn stats_line(
         })
         .collect();
     format!(
-        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) | cache hits {:.1}% | I/O wait {:.3}s | lookahead precision/recall by layer {} | kernels {}",
+        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) + {:.1} MB background fill | expert slab {:.2} GiB, cache hits {:.1}% | I/O wait {:.3}s | lookahead precision/recall by layer {} | kernels {}",
         load_secs,
         n_prompt,
         out.prefill_secs,
@@ -48,6 +48,8 @@ pub fn stats_line(
         store.demand_bytes as f64 / 1e6,
         store.prefetch_bytes as f64 / 1e6,
         store.bytes_read() as f64 / busy.max(1e-9) / 1e9,
+        store.background_bytes as f64 / 1e6,
+        model.store().slab_bytes() as f64 / (1u64 << 30) as f64,
         100.0 * store.hit_rate(),
         store.wait_secs,
         if predicted.is_empty() { "-".to_string() } else { predicted.join(" ") },
@@ -103,6 +105,7 @@ impl Events {
             "secs": self.since.elapsed().as_secs_f64(),
             "demand_bytes": d.demand_bytes,
             "prefetch_bytes": d.prefetch_bytes,
+            "background_bytes": d.background_bytes,
             "requests": d.requests,
             "hits": d.hits,
             "prefetch_hits": d.prefetch_hits,

@@ -1,8 +1,9 @@
 //! Flags that choose where routed experts are read from and how (shared by every command that loads a model).
 
+use crate::memory::{self, Allowance};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltafin_models::LoadOptions;
+use deltafin_models::{LoadOptions, MemoryNeeds};
 use deltafin_remote::{HttpOptions, MirrorOptions, Source};
 use deltafin_store::policy::Policy;
 use deltafin_store::StoreOptions;
@@ -14,7 +15,8 @@ use std::time::Duration;
 #[derive(Args, Clone, Debug)]
 pub struct StoreArgs {
     /// RAM for cached expert records, e.g. 8G, 512M or 0 (no cache beyond one layer's working set).
-    /// Default: a quarter of physical memory, leaving the OS room for everything else.
+    /// Default: what this process may use (available memory, or its cgroup's limit when lower) less the
+    /// spine, the working set and a reserve of 1/32 (at least 384 MiB) — up to every routed expert.
     #[arg(long, value_name = "SIZE")]
     pub expert_cache: Option<String>,
     /// Read routed experts from this pack (made by `deltafin pack`; any one of its stripe directories).
@@ -38,7 +40,7 @@ pub struct StoreArgs {
     pub io_engine: deltafin_store::io::Backend,
     /// Memory for all weights (e.g. 48G). Spine layers beyond it are read from disk on every pass,
     /// double-buffered. Default: no limit (the whole spine stays resident), unless the spine and the expert
-    /// cache would not fit in available memory — then 85% of it.
+    /// cache would not fit in what this process may use — then that, less the reserve.
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     #[command(flatten)]
@@ -160,54 +162,109 @@ pub fn bytes_bar(what: &str) -> ProgressBar {
 impl StoreArgs {
     /// How to open the model in `model`: a mirror is opened (and its spine completed) here.
     pub fn load_options(&self, model: &Path) -> Result<LoadOptions> {
-        let backfill = self
-            .remote
-            .mirror(model)?
-            .map(|m| Arc::new(m) as Arc<dyn deltafin_store::Backfill>);
-        let explicit_cache = self.expert_cache.as_deref().map(parse_size).transpose()?;
-        let memory_budget = match self.memory_budget.as_deref().map(parse_size).transpose()? {
-            Some(b) => Some(b),
-            None => {
-                let cache = explicit_cache.unwrap_or(physical_memory().unwrap_or(0) / 4);
-                // An unreadable checkpoint gets no budget here; loading says what is wrong with it.
-                let auto = deltafin_models::resident_bytes(model)
-                    .ok()
-                    .zip(meminfo("MemAvailable:"))
-                    .and_then(|(spine, avail)| auto_budget(spine, cache, avail));
-                if let Some(b) = auto {
-                    eprintln!(
-                        "note: the spine of {} and the expert cache would not fit in available memory; streaming spine layers from disk under a memory budget of {:.1} GB (choose one with --memory-budget)",
-                        model.display(),
-                        b as f64 / 1e9
-                    );
-                }
-                auto
-            }
-        };
-        let cache_bytes = match (explicit_cache, memory_budget) {
-            (Some(c), _) => c,
-            // Under a budget the expert cache takes a quarter of it, the spine the rest.
-            (None, Some(b)) => b / 4,
-            (None, None) => physical_memory().unwrap_or(0) / 4,
-        };
+        let mirror = self.remote.mirror(model)?;
         if self.io_workers == 0 {
             bail!("--io-workers must be at least 1");
         }
-        Ok(LoadOptions {
-            store: StoreOptions {
-                cache_bytes,
-                direct_io: !self.buffered_io,
-                workers_per_drive: self.io_workers,
-                policy: self.cache_policy,
-                prefetch: !self.no_prefetch,
-                backend: self.io_engine,
-                ..StoreOptions::default()
+        let mut store = StoreOptions {
+            direct_io: !self.buffered_io,
+            workers_per_drive: self.io_workers,
+            policy: self.cache_policy,
+            prefetch: !self.no_prefetch,
+            backend: self.io_engine,
+            ..StoreOptions::default()
+        };
+        let cache = self.expert_cache.as_deref().map(parse_size).transpose()?;
+        let budget = self.memory_budget.as_deref().map(parse_size).transpose()?;
+        // An unreadable checkpoint gets no automatic sizes here; loading says what is wrong with it.
+        let plan = match (
+            deltafin_models::memory_needs(model, &store),
+            memory::allowance(),
+        ) {
+            (Ok(needs), Some(allowed)) => {
+                plan_memory(&needs, &allowed, mirror.is_some(), cache, budget)?
+            }
+            _ => MemoryPlan {
+                cache: cache.unwrap_or(0),
+                budget,
+                streams_spine: false,
             },
+        };
+        if plan.streams_spine {
+            eprintln!(
+                "note: the spine of {} and the expert cache would not fit in what this process may use ({}); streaming spine layers from disk under a memory budget of {:.1} GiB (choose one with --memory-budget)",
+                model.display(),
+                memory::allowance().map_or("unknown".into(), |a| a.to_string()),
+                plan.budget.unwrap_or(0) as f64 / GIB
+            );
+        }
+        store.cache_bytes = plan.cache;
+        Ok(LoadOptions {
+            store,
             pack: self.pack.clone(),
-            memory_budget,
-            backfill,
+            memory_budget: plan.budget,
+            backfill: mirror.map(|m| Arc::new(m) as Arc<dyn deltafin_store::Backfill>),
         })
     }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The expert cache and memory budget of one load.
+#[derive(Debug, PartialEq, Eq)]
+struct MemoryPlan {
+    cache: u64,
+    budget: Option<u64>,
+    /// No --memory-budget was given, but the spine does not fit beside the expert cache: one was chosen.
+    streams_spine: bool,
+}
+
+/// Sizes what the flags leave open from what this process may use (`allowed`), keeping back a reserve of
+/// 1/32 of it, at least 384 MiB (or a quarter, when less is allowed), for the heap, the session and the page
+/// cache charged to a cgroup (plus a layer's downloads, held twice, for a mirror): beside the bench model's
+/// 5 GiB cache that was ~310 MiB, and a default leaving less made the kernel reclaim on every step under a
+/// 6 GiB limit. The default expert cache takes the rest after the resident spine and the working set,
+/// up to every routed expert; when the spine does not fit, spine layers stream under a memory budget and the
+/// cache gets a quarter of it. Flags that cannot fit in `allowed` are refused before anything is loaded.
+fn plan_memory(
+    needs: &MemoryNeeds,
+    allowed: &Allowance,
+    mirror: bool,
+    cache: Option<u64>,
+    budget: Option<u64>,
+) -> Result<MemoryPlan> {
+    let working = needs.working_slots * needs.slot;
+    let all = needs.records.saturating_sub(needs.working_slots) * needs.slot;
+    let reserve = (384u64 << 20)
+        .min(allowed.bytes / 4)
+        .max(allowed.bytes / 32)
+        + if mirror { working } else { 0 };
+    let usable = allowed.bytes.saturating_sub(reserve);
+    if let Some(b) = budget.filter(|&b| b > allowed.bytes) {
+        bail!(
+            "--memory-budget {:.1} GiB cannot fit: {allowed}; lower it or raise the limit",
+            b as f64 / GIB
+        );
+    }
+    if let Some(c) = cache.filter(|&c| working + c.min(all) > allowed.bytes) {
+        bail!(
+            "--expert-cache {:.1} GiB cannot fit: with the {:.1} GiB working set its slab needs {:.1} GiB, but {allowed}; lower --expert-cache or raise the limit",
+            c as f64 / GIB,
+            working as f64 / GIB,
+            (working + c.min(all)) as f64 / GIB
+        );
+    }
+    let room = budget.map_or(usable, |b| b.min(usable));
+    let cache = cache.unwrap_or(match room.checked_sub(needs.spine + working) {
+        Some(left) => left.min(all),
+        None => (room / 4).min(all),
+    });
+    let streams_spine = budget.is_none() && needs.spine + working + cache.min(all) > usable;
+    Ok(MemoryPlan {
+        cache,
+        budget: budget.or(streams_spine.then_some(usable)),
+        streams_spine,
+    })
 }
 
 impl Default for StoreArgs {
@@ -254,39 +311,87 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((v * mult as f64) as u64)
 }
 
-/// MemTotal from /proc/meminfo.
-pub fn physical_memory() -> Option<u64> {
-    meminfo("MemTotal:")
-}
-
-/// A /proc/meminfo field in bytes.
-fn meminfo(field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Without --memory-budget, a spine and cache that would not fit in 90% of available memory get a budget of
-/// 85% of it (spine layers beyond it stream from disk) instead of an out-of-memory kill.
-fn auto_budget(spine: u64, cache: u64, available: u64) -> Option<u64> {
-    (spine + cache > available / 10 * 9).then_some(available / 100 * 85)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const G: u64 = 1 << 30;
+
+    /// The bench model: a 174 MB spine, 576 records of 17.5 MB, 32 working slots.
+    fn bench() -> MemoryNeeds {
+        MemoryNeeds {
+            spine: 174_414_592,
+            slot: 17_555_456,
+            records: 576,
+            working_slots: 32,
+        }
+    }
+
+    fn cgroup(bytes: u64) -> Allowance {
+        Allowance {
+            bytes,
+            limit: bytes,
+            source: "cgroup /sys/fs/cgroup/memory/job/memory.limit_in_bytes".into(),
+        }
+    }
+
     #[test]
-    fn a_spine_that_does_not_fit_gets_a_budget() {
-        const G: u64 = 1 << 30;
-        assert_eq!(auto_budget(10 * G, 4 * G, 64 * G), None);
-        // K3 on a 64 GB machine: 115 GB of spine.
+    fn the_default_cache_fills_what_the_process_may_use() {
+        let n = bench();
+        let working = 32 * n.slot;
+        let p = plan_memory(&n, &cgroup(6 * G), false, None, None).unwrap();
+        assert_eq!(p.cache, 6 * G - 384 * (1 << 20) - n.spine - working);
+        assert_eq!((p.budget, p.streams_spine), (None, false));
+        // With room for everything, the cache holds every record and no more.
+        let p = plan_memory(&n, &cgroup(64 * G), false, None, None).unwrap();
+        assert_eq!(p.cache, (576 - 32) * n.slot);
+        // A mirror keeps a layer's downloads back.
+        let m = plan_memory(&n, &cgroup(6 * G), true, None, None).unwrap();
         assert_eq!(
-            auto_budget(115 * G, 16 * G, 60 * G),
-            Some(60 * G / 100 * 85)
+            m.cache + working,
+            plan_memory(&n, &cgroup(6 * G), false, None, None)
+                .unwrap()
+                .cache
         );
-        assert_eq!(auto_budget(50 * G, 10 * G, 64 * G), Some(64 * G / 100 * 85));
+    }
+
+    #[test]
+    fn a_spine_that_does_not_fit_streams_under_a_budget() {
+        // K3 on a 64 GB machine: 115 GB of spine, 1.4 TB of experts.
+        let n = MemoryNeeds {
+            spine: 115 * G,
+            records: 80_000,
+            ..bench()
+        };
+        let p = plan_memory(&n, &cgroup(64 * G), false, None, None).unwrap();
+        assert_eq!(p.budget, Some(62 * G));
+        assert_eq!(p.cache, 62 * G / 4);
+        assert!(p.streams_spine);
+        // An explicit budget is kept, and the cache takes what the spine leaves of it.
+        let p = plan_memory(&n, &cgroup(64 * G), false, None, Some(40 * G)).unwrap();
+        assert_eq!(
+            (p.budget, p.cache, p.streams_spine),
+            (Some(40 * G), 10 * G, false)
+        );
+    }
+
+    #[test]
+    fn flags_that_cannot_fit_name_the_limit() {
+        let n = bench();
+        let e = plan_memory(&n, &cgroup(3 * G), false, Some(4 * G), None).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--expert-cache 4.0 GiB")
+                && msg.contains("memory.limit_in_bytes = 3.0 GiB"),
+            "{msg}"
+        );
+        let e = plan_memory(&n, &cgroup(3 * G), false, None, Some(8 * G)).unwrap_err();
+        assert!(e.to_string().contains("--memory-budget 8.0 GiB"), "{e}");
+        // A cache larger than the model's experts only takes what they need.
+        assert!(plan_memory(&n, &cgroup(12 * G), false, Some(100 * G), None).is_ok());
+        // An explicit cache that leaves no room for the spine streams it.
+        let p = plan_memory(&n, &cgroup(3 * G), false, Some(2 * G + G / 5), None).unwrap();
+        assert!(p.streams_spine && p.cache == 2 * G + G / 5);
     }
 
     #[test]

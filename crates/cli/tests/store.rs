@@ -75,6 +75,40 @@ fn a_memory_budget_streams_spine_layers_with_identical_logits() {
     }
 }
 
+#[test]
+fn a_model_that_fits_is_filled_in_the_background_then_decodes_from_memory() {
+    let t = tiny(Arch::KimiK3, 12);
+    let m = model_dir(&t);
+    let reference = logits(&m, &opts(0, false, false, None));
+    let model = Model::load_with(&m, &opts(64 << 20, false, true, None)).unwrap();
+    let store = model.store().clone();
+    assert_eq!(
+        store.snapshot().background_bytes,
+        0,
+        "the fill waits for the first demand"
+    );
+    assert!(greedy_logit_bits(&model, &PROMPT, 5) == reference);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.records_cached().1 < store.records_cached().0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fill stopped at {:?}",
+            store.records_cached()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let filled = store.snapshot();
+    assert!(
+        filled.background_bytes > 0,
+        "every record came from demand: nothing was left to fill"
+    );
+    // A second generation reads nothing: every record is in memory, and the logits are the same.
+    assert!(greedy_logit_bits(&model, &PROMPT, 5) == reference);
+    let d = store.snapshot().since(&filled);
+    assert_eq!((d.bytes_read(), d.background_bytes), (0, 0));
+    assert_eq!(d.hits, d.requests);
+}
+
 fn pack(model: &Path, outs: &[PathBuf]) {
     let mut cmd = bin();
     cmd.arg("pack").arg("--model").arg(model);

@@ -242,6 +242,41 @@ pub fn resident_bytes(dir: &Path) -> Result<u64> {
         .sum())
 }
 
+/// What a checkpoint's weights take in memory, for sizing the expert cache before loading it.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryNeeds {
+    /// Every tensor but the routed experts (resident without a memory budget).
+    pub spine: u64,
+    /// Slab bytes of one routed expert record.
+    pub slot: u64,
+    /// Routed expert records of the model.
+    pub records: u64,
+    /// Slots a pass holds at once (the working set), as [`Model::load_with`] sizes it from `store`.
+    pub working_slots: u64,
+}
+
+pub fn memory_needs(dir: &Path, store: &StoreOptions) -> Result<MemoryNeeds> {
+    let cfg = ModelConfig::from_dir(dir)?;
+    let record = ExpertRecord::new(&cfg)?.len();
+    let routed: u64 = Checkpoint::open(dir)?
+        .tensors()
+        .filter(|t| is_routed_expert(&t.name))
+        .map(|t| t.nbytes)
+        .sum();
+    Ok(MemoryNeeds {
+        spine: resident_bytes(dir)?,
+        slot: deltafin_store::slot_bytes(record),
+        records: routed / record.max(1) as u64,
+        working_slots: working_slots(store, &cfg) as u64,
+    })
+}
+
+/// A pass holds one layer's experts at once; give the reads of a whole top-k room to be in flight together,
+/// plus as many again for the lookahead.
+fn working_slots(store: &StoreOptions, cfg: &ModelConfig) -> usize {
+    store.working_slots.max(2 * cfg.moe.top_k).max(2)
+}
+
 /// Which spine layers stay resident under the memory budget (all of them without one).
 fn plan_spine(
     ck: &Checkpoint,
@@ -299,9 +334,7 @@ pub fn open_expert_store(
     let record = ExpertRecord::new(cfg)?;
     let record_len = record.len();
     let mut store_opts = opts.store.clone();
-    // A pass holds one layer's experts at once; give the reads of a whole top-k room to be in flight together,
-    // plus as many again for the lookahead.
-    store_opts.working_slots = store_opts.working_slots.max(2 * cfg.moe.top_k);
+    store_opts.working_slots = working_slots(&opts.store, cfg);
     let store = match &opts.pack {
         None => {
             let layers = record.locate(ck, cfg)?;
@@ -351,8 +384,10 @@ pub fn open_expert_store(
             )?
         }
     };
+    let store = Arc::new(store);
+    store.fill_in_background();
     Ok(ModelExperts {
-        store: Arc::new(store),
+        store,
         record: Arc::new(record),
     })
 }

@@ -34,7 +34,8 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Anonymous memory straight from the kernel: page-aligned and zero-filled lazily, so a large cache costs
-    /// nothing until used (an aligned heap allocation would memset it all up front).
+    /// nothing until used (an aligned heap allocation would memset it all up front). No transparent huge
+    /// pages: on the virtual machine measured (BENCHMARKS.md) faulting them in was 7x slower than 4 KiB pages.
     pub fn new(len: usize) -> AlignedBuf {
         let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
         // SAFETY: a private anonymous mapping with no address hint.
@@ -88,6 +89,30 @@ impl Drop for AlignedBuf {
         // SAFETY: mapped in `new` with this length.
         unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
+}
+
+/// Faults the pages under `addr..addr+len` in for writing without changing a byte of them
+/// (MADV_POPULATE_WRITE, Linux 5.14), before a read lands there: a direct read into pages never touched
+/// faults them inside the read, which was measured several times slower per byte than populating them first
+/// (BENCHMARKS.md, "First touch"). For pages already present it is a page-table walk; where the kernel
+/// cannot, the read faults them as before.
+fn populate(addr: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        let start = addr / ALIGN * ALIGN;
+        let end = (addr + len).div_ceil(ALIGN) * ALIGN;
+        // SAFETY: callers pass ranges inside a live mapping of theirs; populating never changes the
+        // contents of a page already present, so reads landing in it concurrently are unaffected.
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (addr, len);
 }
 
 /// How a file is read.
@@ -248,13 +273,30 @@ impl Completion {
     }
 }
 
+/// Who waits for a read, which decides its queue: demand before prefetch before background.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// A pass is waiting for it.
+    Demand,
+    /// Lookahead: a pass will probably want it soon.
+    Prefetch,
+    /// Filling the cache from idle drive time; nobody waits.
+    Background,
+}
+
 #[derive(Default)]
 struct Queues {
     demand: VecDeque<ReadOp>,
     prefetch: VecDeque<ReadOp>,
+    background: VecDeque<ReadOp>,
     prefetch_in_flight: usize,
+    background_in_flight: usize,
     shutdown: bool,
 }
+
+/// Background reads in flight per drive: enough to stream sequentially, few enough that a demand read
+/// arriving waits behind little.
+const MAX_BACKGROUND_IN_FLIGHT: usize = 2;
 
 struct Drive {
     queues: Mutex<Queues>,
@@ -266,6 +308,7 @@ struct Drive {
 pub struct IoCounters {
     pub demand_bytes: AtomicU64,
     pub prefetch_bytes: AtomicU64,
+    pub background_bytes: AtomicU64,
     pub reads: AtomicU64,
     /// Wall time with at least one read queued or in flight: the drive had work. In an I/O-bound pass,
     /// busy time / pass time says how well the engine kept the drive fed, whatever the drive's speed.
@@ -375,34 +418,38 @@ impl IoEngine {
         engine
     }
 
-    pub fn submit(&self, op: ReadOp, demand: bool) {
+    pub fn submit(&self, op: ReadOp, priority: Priority) {
         self.counters.begin();
         let drive = &self.drives[op.file.drive.min(self.drives.len() - 1)];
         let mut q = drive.queues.lock().unwrap();
-        if demand {
-            q.demand.push_back(op);
-        } else {
-            q.prefetch.push_back(op);
+        match priority {
+            Priority::Demand => q.demand.push_back(op),
+            Priority::Prefetch => q.prefetch.push_back(op),
+            Priority::Background => q.background.push_back(op),
         }
         drop(q);
         drive.wake.notify_one();
     }
 
-    /// Moves queued prefetch chunks of `done` (not yet started) to the demand queue.
+    /// Moves queued prefetch and background chunks of `done` (not yet started) to the demand queue.
     pub fn promote(&self, done: &Arc<Completion>) {
         for drive in &self.drives {
             let mut q = drive.queues.lock().unwrap();
-            let mut kept = VecDeque::with_capacity(q.prefetch.len());
+            let Queues {
+                demand,
+                prefetch,
+                background,
+                ..
+            } = &mut *q;
             let mut moved = false;
-            while let Some(op) = q.prefetch.pop_front() {
-                if Arc::ptr_eq(&op.done, done) {
-                    q.demand.push_back(op);
-                    moved = true;
-                } else {
-                    kept.push_back(op);
-                }
+            for queue in [prefetch, background] {
+                let (mine, kept) = std::mem::take(queue)
+                    .into_iter()
+                    .partition::<VecDeque<_>, _>(|op| Arc::ptr_eq(&op.done, done));
+                moved |= !mine.is_empty();
+                demand.extend(mine);
+                *queue = kept;
             }
-            q.prefetch = kept;
             drop(q);
             if moved {
                 drive.wake.notify_all();
@@ -450,17 +497,24 @@ impl std::str::FromStr for Backend {
     }
 }
 
-/// Takes the next op for a drive: demand first, prefetch only below its in-flight cap. `None` on shutdown.
-fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(ReadOp, bool)>> {
+/// Takes the next op for a drive: demand first, prefetch only below its in-flight cap, background only when
+/// no prefetch waits and below its own cap. `None` on shutdown.
+fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(ReadOp, Priority)>> {
     let mut q = drive.queues.lock().unwrap();
     loop {
         if let Some(op) = q.demand.pop_front() {
-            return Some(Some((op, true)));
+            return Some(Some((op, Priority::Demand)));
         }
         if q.prefetch_in_flight < max_prefetch {
             if let Some(op) = q.prefetch.pop_front() {
                 q.prefetch_in_flight += 1;
-                return Some(Some((op, false)));
+                return Some(Some((op, Priority::Prefetch)));
+            }
+        }
+        if q.prefetch.is_empty() && q.background_in_flight < MAX_BACKGROUND_IN_FLIGHT {
+            if let Some(op) = q.background.pop_front() {
+                q.background_in_flight += 1;
+                return Some(Some((op, Priority::Background)));
             }
         }
         if q.shutdown {
@@ -474,16 +528,27 @@ fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(Re
 }
 
 /// Accounts for a finished read and wakes whoever waits on it.
-fn complete(drive: &Drive, counters: &IoCounters, op: &ReadOp, demand: bool, err: Option<String>) {
+fn complete(
+    drive: &Drive,
+    counters: &IoCounters,
+    op: &ReadOp,
+    priority: Priority,
+    err: Option<String>,
+) {
     counters.reads.fetch_add(1, Ordering::Relaxed);
-    let bytes = if demand {
-        &counters.demand_bytes
-    } else {
-        &counters.prefetch_bytes
+    let bytes = match priority {
+        Priority::Demand => &counters.demand_bytes,
+        Priority::Prefetch => &counters.prefetch_bytes,
+        Priority::Background => &counters.background_bytes,
     };
     bytes.fetch_add(op.len as u64, Ordering::Relaxed);
-    if !demand {
-        drive.queues.lock().unwrap().prefetch_in_flight -= 1;
+    if priority != Priority::Demand {
+        let mut q = drive.queues.lock().unwrap();
+        match priority {
+            Priority::Prefetch => q.prefetch_in_flight -= 1,
+            _ => q.background_in_flight -= 1,
+        }
+        drop(q);
         drive.wake.notify_one();
     }
     op.done.finish_chunk(err);
@@ -508,7 +573,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
         // No io_uring on this kernel: serve the queue with positioned reads instead.
         Err(_) => return worker(drive, counters, max_prefetch),
     };
-    let mut in_flight: Vec<Option<(ReadOp, bool)>> = (0..depth).map(|_| None).collect();
+    let mut in_flight: Vec<Option<(ReadOp, Priority)>> = (0..depth).map(|_| None).collect();
     loop {
         // Refill free slots; block for work only when nothing is in flight.
         let busy = in_flight.iter().filter(|s| s.is_some()).count();
@@ -520,11 +585,12 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             let Some(next) = next_op(&drive, max_prefetch, block) else {
                 return;
             };
-            let Some((op, demand)) = next else { break };
+            let Some((op, priority)) = next else { break };
+            populate(op.dst as usize, op.len);
             if op.file.faults.is_some() {
                 // Injected faults live on the positioned-read path.
                 let err = positioned_read(&op);
-                complete(&drive, &counters, &op, demand, err);
+                complete(&drive, &counters, &op, priority, err);
                 continue;
             }
             let entry =
@@ -536,10 +602,10 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             // and `op` (holding the file open) lives in `in_flight` until then.
             if unsafe { ring.submission().push(&entry) }.is_err() {
                 let err = positioned_read(&op);
-                complete(&drive, &counters, &op, demand, err);
+                complete(&drive, &counters, &op, priority, err);
                 continue;
             }
-            in_flight[slot] = Some((op, demand));
+            in_flight[slot] = Some((op, priority));
         }
         if in_flight.iter().all(|s| s.is_none()) {
             continue;
@@ -549,9 +615,9 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 continue;
             }
             // The ring failed as a whole: finish what it held with positioned reads.
-            for (op, demand) in in_flight.iter_mut().filter_map(Option::take) {
+            for (op, priority) in in_flight.iter_mut().filter_map(Option::take) {
                 let err = positioned_read(&op);
-                complete(&drive, &counters, &op, demand, err);
+                complete(&drive, &counters, &op, priority, err);
             }
             continue;
         }
@@ -560,7 +626,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             .map(|c| (c.user_data() as usize, c.result()))
             .collect();
         for (slot, res) in done {
-            let Some((op, demand)) = in_flight[slot].take() else {
+            let Some((op, priority)) = in_flight[slot].take() else {
                 continue;
             };
             // Whatever the ring could not finish in one go (EINVAL from a direct read, a short read) is completed
@@ -570,7 +636,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             } else {
                 positioned_read(&op)
             };
-            complete(&drive, &counters, &op, demand, err);
+            complete(&drive, &counters, &op, priority, err);
         }
     }
 }
@@ -579,6 +645,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
 fn positioned_read(op: &ReadOp) -> Option<String> {
     // SAFETY: the slab keeps `dst..dst+len` valid, and written by this op alone, until the op completes.
     let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
+    populate(op.dst as usize, op.len);
     op.file
         .read_at_least(buf, op.offset, op.need)
         .err()
@@ -586,7 +653,7 @@ fn positioned_read(op: &ReadOp) -> Option<String> {
 }
 
 fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
-    while let Some(Some((op, demand))) = next_op(&drive, max_prefetch, true) {
-        complete(&drive, &counters, &op, demand, positioned_read(&op));
+    while let Some(Some((op, priority))) = next_op(&drive, max_prefetch, true) {
+        complete(&drive, &counters, &op, priority, positioned_read(&op));
     }
 }

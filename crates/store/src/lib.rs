@@ -5,6 +5,7 @@
 //! The model asks for one layer's experts at a time with [`ExpertStore::fetch`] and computes each one as its
 //! bytes arrive; [`ExpertStore::prefetch`] queues predicted experts of the next layer into idle disk time.
 
+mod fill;
 pub mod io;
 pub mod pack;
 pub mod policy;
@@ -12,7 +13,10 @@ pub mod probe;
 pub mod record;
 
 use anyhow::{bail, Result};
-use io::{align_down, align_up, AlignedBuf, Completion, DataFile, IoEngine, IoMode, ReadOp, ALIGN};
+use io::{
+    align_down, align_up, AlignedBuf, Completion, DataFile, IoEngine, IoMode, Priority, ReadOp,
+    ALIGN,
+};
 use policy::Policy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,6 +158,8 @@ pub struct Snapshot {
     pub prefetch_issued: u64,
     pub demand_bytes: u64,
     pub prefetch_bytes: u64,
+    /// Read by the background fill (not part of any pass).
+    pub background_bytes: u64,
     pub reads: u64,
     pub wait_secs: f64,
     /// Wall time with reads outstanding.
@@ -179,6 +185,7 @@ impl Snapshot {
             prefetch_issued: self.prefetch_issued - earlier.prefetch_issued,
             demand_bytes: self.demand_bytes - earlier.demand_bytes,
             prefetch_bytes: self.prefetch_bytes - earlier.prefetch_bytes,
+            background_bytes: self.background_bytes - earlier.background_bytes,
             reads: self.reads - earlier.reads,
             wait_secs: self.wait_secs - earlier.wait_secs,
             disk_busy_secs: self.disk_busy_secs - earlier.disk_busy_secs,
@@ -202,6 +209,12 @@ pub struct ExpertStore {
     backfill: Option<Arc<dyn Backfill>>,
     /// Describes where records come from, for messages ("pack at …", "checkpoint …").
     pub origin: String,
+}
+
+/// Slab bytes one record takes: room for an aligned read that starts up to one page before the record and
+/// ends past it.
+pub fn slot_bytes(record_len: usize) -> u64 {
+    align_up(record_len as u64) + 2 * ALIGN as u64
 }
 
 /// After this many predictions a layer whose lookahead is wrong more often than right stops prefetching: when
@@ -239,8 +252,7 @@ impl ExpertStore {
                 }
             }
         }
-        // Room for an aligned read that starts up to one page before the record and ends past it.
-        let slot_len = align_up(record_len as u64) as usize + 2 * ALIGN;
+        let slot_len = slot_bytes(record_len) as usize;
         let working = opts.working_slots.max(2);
         // No point in slots beyond every record the model has.
         let records: usize = layers.iter().map(Vec::len).sum();
@@ -346,7 +358,7 @@ impl ExpertStore {
                             dst: base.wrapping_add(dst + (at - a) as usize),
                             done: c.clone(),
                         };
-                        self.io.submit(op, true);
+                        self.io.submit(op, Priority::Demand);
                         waits.push(c);
                         at += len as u64;
                     }
@@ -377,6 +389,12 @@ impl ExpertStore {
         (self.slab.as_ptr(), self.slab.len())
     }
 
+    /// Records of the model, and how many of them the cache holds or is reading in.
+    pub fn records_cached(&self) -> (usize, usize) {
+        let all = self.layers.iter().map(Vec::len).sum();
+        (all, self.state.lock().unwrap().map.len())
+    }
+
     pub fn slots(&self) -> usize {
         self.state.lock().unwrap().slots.len()
     }
@@ -395,6 +413,7 @@ impl ExpertStore {
             prefetch_issued: c.prefetch_issued.load(Ordering::Relaxed),
             demand_bytes: io.demand_bytes.load(Ordering::Relaxed),
             prefetch_bytes: io.prefetch_bytes.load(Ordering::Relaxed),
+            background_bytes: io.background_bytes.load(Ordering::Relaxed),
             reads: io.reads.load(Ordering::Relaxed),
             wait_secs: c.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             disk_busy_secs: io.busy_secs(),
@@ -463,7 +482,7 @@ impl ExpertStore {
             let Some(slot) = self.take_slot(&mut st) else {
                 break;
             };
-            self.start_load(&mut st, slot, (layer, e), false);
+            self.start_load(&mut st, slot, (layer, e), Priority::Prefetch);
             st.slots[slot].prefetched = true;
             self.counters
                 .prefetch_issued
@@ -511,8 +530,13 @@ impl ExpertStore {
         Some(victim)
     }
 
-    /// Issues the reads of `key` into `slot`.
-    fn start_load(&self, st: &mut SlabState, slot: usize, key: Key, demand: bool) {
+    /// Issues the reads of `key` into `slot`; background reads come in larger chunks, being sequential.
+    fn start_load(&self, st: &mut SlabState, slot: usize, key: Key, priority: Priority) {
+        let chunk = match priority {
+            Priority::Background => fill::CHUNK_BYTES,
+            _ => self.opts.chunk_bytes,
+        }
+        .max(ALIGN);
         let rec = &self.layers[key.0][key.1];
         let base = self.slab.as_ptr().wrapping_add(slot * self.slot_len);
         let single =
@@ -527,7 +551,7 @@ impl ExpertStore {
             let mut ops = Vec::new();
             let mut at = a;
             while at < b {
-                let len = ((b - at) as usize).min(self.opts.chunk_bytes.max(ALIGN));
+                let len = ((b - at) as usize).min(chunk);
                 let need = (end.min(at + len as u64) - at) as usize;
                 ops.push((self.files[x.file].clone(), at, len, need, (at - a) as usize));
                 at += len as u64;
@@ -539,7 +563,7 @@ impl ExpertStore {
             for x in &rec.extents {
                 let mut at = 0;
                 while at < x.len {
-                    let len = (x.len - at).min(self.opts.chunk_bytes.max(ALIGN));
+                    let len = (x.len - at).min(chunk);
                     ops.push((
                         self.files[x.file].clone(),
                         x.offset + at as u64,
@@ -565,7 +589,7 @@ impl ExpertStore {
             prefetched: false,
         };
         st.map.insert(key, slot);
-        if demand {
+        if priority == Priority::Demand {
             // A speculative load is not a use: an unclaimed prefetch is the first thing LRU evicts.
             st.policy.touch(key);
         }
@@ -578,7 +602,7 @@ impl ExpertStore {
                 dst: base.wrapping_add(dst),
                 done: done.clone(),
             };
-            self.io.submit(op, demand);
+            self.io.submit(op, priority);
         }
     }
 
@@ -707,13 +731,15 @@ impl<'a> Fetch<'a> {
                 if s.prefetched {
                     s.prefetched = false;
                     store.counters.prefetch_hits.fetch_add(1, Ordering::Relaxed);
-                    if let Some(d) = s.done.clone().filter(|d| !d.is_done()) {
-                        drop(st);
-                        store.io.promote(&d);
-                        st = store.state.lock().unwrap();
-                    }
-                } else if s.phase == Phase::Ready {
+                } else if s.phase == Phase::Ready || s.done.as_ref().is_some_and(|d| d.is_done()) {
+                    // Ready, or filled in the background and not claimed yet.
                     store.counters.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                // A prefetch or background read still queued is now awaited: it moves to the demand queue.
+                if let Some(d) = s.done.clone().filter(|d| !d.is_done()) {
+                    drop(st);
+                    store.io.promote(&d);
+                    st = store.state.lock().unwrap();
                 }
                 st.policy.touch(key);
                 slot
@@ -721,7 +747,7 @@ impl<'a> Fetch<'a> {
                 let Some(slot) = store.take_slot(&mut st) else {
                     break;
                 };
-                store.start_load(&mut st, slot, key, true);
+                store.start_load(&mut st, slot, key, Priority::Demand);
                 st.slots[slot].pins += 1;
                 slot
             };

@@ -1,7 +1,7 @@
 //! `deltafin disk-probe`: the drive's read bandwidth measured through the engine's own read path (same
 //! direct-I/O mode, chunking and queue depth), reading expert-sized records in a scattered order.
 
-use crate::io::{AlignedBuf, Completion, DataFile, IoEngine, IoMode, ReadOp};
+use crate::io::{AlignedBuf, Completion, DataFile, IoEngine, IoMode, Priority, ReadOp};
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
@@ -106,7 +106,7 @@ pub fn probe(
                 dst: ring.as_ptr().wrapping_add(slot * chunk),
                 done: done.clone(),
             };
-            engine.submit(op, true);
+            engine.submit(op, Priority::Demand);
             total += n as u64;
         }
         pending.push(done);
