@@ -6,6 +6,7 @@
 //! bytes arrive; [`ExpertStore::prefetch`] queues predicted experts of the next layer into idle disk time.
 
 pub mod io;
+pub mod os;
 pub mod pack;
 pub mod policy;
 pub mod probe;
