@@ -416,14 +416,8 @@ fn dd_direct(file: &Path) -> Option<f64> {
 }
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = crate::host::cpu_name()
+        .unwrap_or_else(|| format!("unknown {} CPU", std::env::consts::ARCH));
     format!(
         "{cpu}, {} threads, {:.0} GiB RAM, kernels {}",
         rayon::current_num_threads(),

@@ -68,7 +68,8 @@ const DRAFTER: &[(&str, &[u8])] = &[
 
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Where the demo model is unpacked and kept (default: $DELTAFIN_CACHE, else ~/.cache/deltafin).
+    /// Where the demo model is unpacked and kept (default: $DELTAFIN_CACHE, else ~/.cache/deltafin, on macOS
+    /// ~/Library/Caches/deltafin).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// Prompt text.

@@ -61,46 +61,32 @@ pub fn doctor(a: DoctorArgs) -> Result<()> {
 }
 
 fn cpu_line() -> String {
-    let name = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let name = crate::host::cpu_name().unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
         "{name}, {cores} threads available; features: {}; kernels: {}",
-        cpu_features().join(" "),
+        crate::host::cpu_features().join(" "),
         deltafin_kernels::isa()
     )
 }
 
-/// The CPU features that matter to deltafin's kernels, as detected at run time.
-fn cpu_features() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut found = Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    {
-        macro_rules! detect {
-            ($($f:tt),*) => {$(if std::arch::is_x86_feature_detected!($f) { found.push($f); })*};
-        }
-        detect!("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl");
+#[cfg(target_os = "macos")]
+fn memory_line() -> String {
+    let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+    match crate::host::memory() {
+        Some(m) => match m.available {
+            Some(avail) => format!(
+                "{:.1} GiB total, {:.1} GiB available",
+                gib(m.total),
+                gib(avail)
+            ),
+            None => format!("{:.1} GiB total", gib(m.total)),
+        },
+        None => "unknown (sysctl hw.memsize failed)".into(),
     }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if std::arch::is_aarch64_feature_detected!("neon") {
-            found.push("neon");
-        }
-    }
-    if found.is_empty() {
-        found.push("none detected");
-    }
-    found
 }
 
+#[cfg(not(target_os = "macos"))]
 fn memory_line() -> String {
     let total = crate::memory::physical_memory().map_or("unknown".into(), |t| {
         format!("{:.1} GiB total", t as f64 / (1u64 << 30) as f64)

@@ -7,6 +7,7 @@ mod device;
 mod doctor;
 mod fetch;
 mod generate;
+mod host;
 mod memory;
 mod progress;
 mod report;
@@ -264,7 +265,18 @@ fn default_cache_dir() -> Result<PathBuf> {
     }
     let home = std::env::var_os("HOME")
         .context("neither DELTAFIN_CACHE nor HOME is set; pass --cache-dir")?;
-    Ok(PathBuf::from(home).join(".cache").join("deltafin"))
+    Ok(cache_dir_under(Path::new(&home), std::env::consts::OS))
+}
+
+/// The per-user cache directory's place by the OS's convention: ~/Library/Caches on macOS, ~/.cache
+/// elsewhere.
+fn cache_dir_under(home: &Path, os: &str) -> PathBuf {
+    let caches = if os == "macos" {
+        home.join("Library").join("Caches")
+    } else {
+        home.join(".cache")
+    };
+    caches.join("deltafin")
 }
 
 /// Builds `dir` in a sibling temp directory and renames it into place, so an interrupted run never leaves a
@@ -285,4 +297,23 @@ fn create_atomically(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Res
     build(&tmp)?;
     std::fs::rename(&tmp, dir)
         .with_context(|| format!("cannot move {} to {}", tmp.display(), dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache_dir_under;
+    use std::path::Path;
+
+    #[test]
+    fn the_cache_lives_where_each_os_keeps_caches() {
+        let home = Path::new("/Users/ada");
+        assert_eq!(
+            cache_dir_under(home, "macos"),
+            Path::new("/Users/ada/Library/Caches/deltafin")
+        );
+        assert_eq!(
+            cache_dir_under(home, "linux"),
+            Path::new("/Users/ada/.cache/deltafin")
+        );
+    }
 }

@@ -29,9 +29,16 @@ impl std::fmt::Display for Allowance {
     }
 }
 
-/// MemTotal from /proc/meminfo.
+/// The machine's memory: MemTotal from /proc/meminfo.
+#[cfg(not(target_os = "macos"))]
 pub fn physical_memory() -> Option<u64> {
     meminfo_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:")
+}
+
+/// The machine's memory: `hw.memsize`.
+#[cfg(target_os = "macos")]
+pub fn physical_memory() -> Option<u64> {
+    Some(crate::host::memory()?.total)
 }
 
 /// What this process may still take: the smallest room among the machine and every memory cgroup above it.
@@ -75,7 +82,18 @@ pub fn allowance() -> Option<Allowance> {
     Some(best)
 }
 
-#[cfg(not(target_os = "linux"))]
+/// macOS has no memory cgroups: what the system could hand out without swapping (free and inactive pages).
+#[cfg(target_os = "macos")]
+pub fn allowance() -> Option<Allowance> {
+    let available = crate::host::memory()?.available?;
+    Some(Allowance {
+        bytes: available,
+        limit: available,
+        source: "the Mach VM statistics' free and inactive pages".into(),
+    })
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 pub fn allowance() -> Option<Allowance> {
     None
 }
@@ -103,6 +121,7 @@ impl Version {
 }
 
 /// A /proc/meminfo field in bytes.
+#[cfg(any(not(target_os = "macos"), test))]
 fn meminfo_field(text: &str, field: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

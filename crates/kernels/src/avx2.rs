@@ -3,7 +3,7 @@
 //!
 //! Every function here is `unsafe` because it requires a CPU with AVX2 and FMA; callers check first.
 
-use crate::scalar::fma_tail;
+use crate::scalar::{add_rows_t, fma_tail};
 use crate::Matrix;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -402,11 +402,7 @@ unsafe fn rows_t<const G: usize>(
         }
         _mm256_storeu_ps(y[c..].as_mut_ptr(), acc);
     }
-    for c in vec_end..y.len() {
-        for (row, &xr) in rows.iter().zip(x) {
-            y[c] = crate::codec::bf16_to_f32(row[c]).mul_add(xr, y[c]);
-        }
-    }
+    add_rows_t(&rows, x, vec_end, y);
 }
 
 /// The AVX2 decoder's view of one MXFP4 block, for the codec tests.

@@ -1,5 +1,6 @@
 //! CPU kernels for deltafin: products of f32 activations with BF16 or MXFP4 weight matrices, the
-//! dequantisation fused into the product, on AVX2+FMA where the CPU has it and a scalar path elsewhere.
+//! dequantisation fused into the product, on AVX2+FMA (x86-64) or NEON (AArch64) where the CPU has it and
+//! a scalar path elsewhere.
 //!
 //! # Fixed reduction order
 //!
@@ -8,7 +9,8 @@
 //!
 //! 1. 32 partial sums `acc[0..32]` start at +0.0. Element `i` of the multiple-of-32 prefix goes to
 //!    lane `i % 32`, in increasing `i`: `acc[i % 32] = fma(w[i], x[i], acc[i % 32])` (one rounding).
-//!    On AVX2 the lanes are four `__m256` accumulators holding lanes 0–7, 8–15, 16–23 and 24–31.
+//!    On AVX2 the lanes are four `__m256` accumulators holding lanes 0–7, 8–15, 16–23 and 24–31; on
+//!    NEON eight `float32x4_t` holding lanes 0–3, 4–7, ..., 28–31.
 //! 2. The lanes fold by one tree: `acc[k] += acc[k + h]` for all `k < h`, with h = 16, 8, 4, 2, 1;
 //!    the result is `acc[0]`.
 //! 3. Elements past the multiple-of-32 prefix (only [`dot`] has them: matrix widths are multiples of
@@ -24,6 +26,8 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 pub mod codec;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -159,6 +163,20 @@ enum Path {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2Fma => "avx2+fma",
+            #[cfg(target_arch = "aarch64")]
+            Path::Neon => "neon",
+        }
+    }
 }
 
 static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
@@ -170,6 +188,10 @@ fn detected_path() -> Path {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             return Path::Avx2Fma;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Path::Neon;
         }
         Path::Scalar
     })
@@ -183,13 +205,9 @@ fn active_path() -> Path {
     }
 }
 
-/// "avx2+fma" or "scalar": what the kernels use now (the scalar path when forced).
+/// "avx2+fma", "neon" or "scalar": what the kernels use now (the scalar path when forced).
 pub fn isa() -> &'static str {
-    match active_path() {
-        Path::Scalar => "scalar",
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2Fma => "avx2+fma",
-    }
+    active_path().name()
 }
 
 /// Force the scalar path process-wide (tests and the doctor command compare both). Results do not
@@ -265,15 +283,21 @@ fn matmul_rows(
         // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
+        // SAFETY: this path is only chosen when the CPU has NEON.
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => unsafe { neon::matmul_rows(w, x, n, range, emit) },
     }
 }
 
 /// How many rows a path computes together for `n` x rows: a task of fewer would waste the rest.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn rows_together(path: Path, n: usize) -> usize {
     match path {
         Path::Scalar => 1,
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => avx2::rows_together(n),
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => 1,
     }
 }
 
@@ -322,6 +346,9 @@ fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y:
         // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
+        // SAFETY: this path is only chosen when the CPU has NEON.
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => unsafe { neon::matvec_t(data, cols, x, first_col, y) },
     };
     let threads = rayon::current_num_threads();
     if rows * cols < PARALLEL_MIN_WORK || threads == 1 {
@@ -350,5 +377,8 @@ fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::dot(a, b) },
+        // SAFETY: this path is only chosen when the CPU has NEON.
+        #[cfg(target_arch = "aarch64")]
+        Path::Neon => unsafe { neon::dot(a, b) },
     }
 }

@@ -73,7 +73,7 @@ fn fold_lanes(mut acc: [f32; 32]) -> f32 {
     acc[0]
 }
 
-/// Elements past the 32-lane prefix, in order after the tree (shared with the AVX2 path).
+/// Elements past the 32-lane prefix, in order after the tree (shared with the SIMD paths).
 #[inline]
 pub(crate) fn fma_tail(sum: f32, a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(sum, |s, (&a, &b)| a.mul_add(b, s))
@@ -85,6 +85,15 @@ pub(crate) fn matvec_t(data: &[u16], cols: usize, x: &[f32], first_col: usize, y
     for (row, &xr) in data.chunks_exact(cols).zip(x) {
         for (y, &w) in y.iter_mut().zip(&row[first_col..]) {
             *y = bf16_to_f32(w).mul_add(xr, *y);
+        }
+    }
+}
+
+/// Columns `from..` of y plus the given rows (weights `x`), rows in order: the SIMD paths' last columns.
+pub(crate) fn add_rows_t(rows: &[&[u16]], x: &[f32], from: usize, y: &mut [f32]) {
+    for c in from..y.len() {
+        for (row, &xr) in rows.iter().zip(x) {
+            y[c] = bf16_to_f32(row[c]).mul_add(xr, y[c]);
         }
     }
 }

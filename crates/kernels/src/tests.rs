@@ -155,6 +155,13 @@ fn decode_all_bytes(scale: u8) -> Vec<(&'static str, Vec<f32>)> {
             .flat_map(|b| avx2::decode_mxfp4_block(b.try_into().unwrap(), scale));
         decoded.push(("avx2", avx2.collect()));
     }
+    #[cfg(target_arch = "aarch64")]
+    if detected_path() == Path::Neon {
+        let neon = bytes
+            .chunks_exact(16)
+            .flat_map(|b| neon::decode_mxfp4_block(b.try_into().unwrap(), scale));
+        decoded.push(("neon", neon.collect()));
+    }
     decoded
 }
 
@@ -685,10 +692,13 @@ fn force_scalar_switches_the_path() {
     set_force_scalar(true);
     assert_eq!(isa(), "scalar");
     set_force_scalar(false);
-    let expected = if detected_path() == Path::Scalar {
-        "scalar"
-    } else {
-        "avx2+fma"
-    };
-    assert_eq!(isa(), expected);
+    assert_eq!(isa(), detected_path().name());
+}
+
+/// Every AArch64 CPU that runs Linux or macOS has NEON: a scalar path here would mean the detection
+/// broke and the SIMD-against-scalar tests above compared scalar with itself.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn neon_is_detected_on_aarch64() {
+    assert_eq!(detected_path(), Path::Neon);
 }

@@ -8,6 +8,7 @@ pub mod experts;
 pub mod kda;
 pub mod kimi_k3;
 pub mod kimi_linear;
+pub mod math;
 pub mod mla;
 pub mod moe;
 pub mod ops;

@@ -1,6 +1,7 @@
 //! Element-wise and per-vector operations, each with one fixed evaluation order so every row's result
 //! depends on that row alone.
 
+use crate::math::tanh;
 use deltafin_formats::config::Family;
 use deltafin_kernels::dot;
 
@@ -30,14 +31,14 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        x.exp().ln_1p()
+        crate::math::ln_1p_exp(x)
     }
 }
 
 /// K3's SiTU gating: `4·tanh(g/4)·sigmoid(g) · 25·tanh(u/25)` (betas from the config, checked at load).
 pub fn situ(gate: f32, up: f32) -> f32 {
-    let g = 4.0 * (gate / 4.0).tanh() * sigmoid(gate);
-    let u = 25.0 * (up / 25.0).tanh();
+    let g = 4.0 * tanh(gate / 4.0) * sigmoid(gate);
+    let u = 25.0 * tanh(up / 25.0);
     g * u
 }
 

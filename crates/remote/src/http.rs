@@ -62,6 +62,19 @@ enum Failure {
     Fatal(String),
 }
 
+/// An agent builder with the platform's TLS: rustls everywhere but macOS, where its `ring` crypto would
+/// need Apple's SDK to compile its C code; there the system's own TLS (Security.framework, through
+/// native-tls) serves instead, with the system's certificate store.
+fn agent_builder() -> Result<ureq::AgentBuilder> {
+    let builder = ureq::AgentBuilder::new();
+    #[cfg(target_os = "macos")]
+    let builder = builder.tls_connector(std::sync::Arc::new(
+        ureq::native_tls::TlsConnector::new()
+            .map_err(|e| anyhow::anyhow!("setting up the system TLS (Security.framework): {e}"))?,
+    ));
+    Ok(builder)
+}
+
 /// A remote repository: `{base}/{file name}`.
 #[derive(Debug)]
 pub struct Source {
@@ -89,20 +102,20 @@ impl Source {
                 base.push_str("/resolve/main");
             }
         }
-        let build = |redirects| {
-            ureq::AgentBuilder::new()
+        let build = |redirects| -> Result<ureq::Agent> {
+            Ok(agent_builder()?
                 .timeout_connect(opts.timeout)
                 .timeout_read(opts.timeout)
                 .redirects(redirects)
                 .max_idle_connections_per_host(opts.connections.max(1))
                 .user_agent(concat!("deltafin/", env!("CARGO_PKG_VERSION")))
-                .build()
+                .build())
         };
         Ok(Source {
             base,
             etags: Default::default(),
-            agent: build(8),
-            head_agent: build(0),
+            agent: build(8)?,
+            head_agent: build(0)?,
             token: std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty()),
             opts,
             counters: HttpCounters::default(),

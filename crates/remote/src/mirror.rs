@@ -963,15 +963,54 @@ fn present_in_order(present: &HashMap<(usize, usize), Present>) -> Vec<((usize, 
     v.into_iter().map(|(k, p)| (*k, p.checksum)).collect()
 }
 
+/// Frees the disk space of `len` bytes at `offset`, keeping the file's size: Linux `fallocate` with
+/// `PUNCH_HOLE | KEEP_SIZE`; macOS `fcntl(F_PUNCHHOLE)`, which takes whole filesystem blocks only
+/// (Apple's fcntl(2): "holes must be aligned to file system block boundaries"), so the partial blocks
+/// at either end keep their bytes. Nothing reads them: an evicted expert is fetched again first.
 fn punch_hole(file: &File, offset: u64, len: u64) -> Result<()> {
-    use rustix::fs::{fallocate, FallocateFlags};
-    fallocate(
-        file,
-        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-        offset,
-        len,
-    )?;
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{fallocate, FallocateFlags};
+        fallocate(
+            file,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )?;
+    }
+    #[cfg(target_os = "macos")]
+    {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        let Some((offset, len)) = whole_blocks(offset, len, file.metadata()?.blksize()) else {
+            return Ok(());
+        };
+        let hole = libc::fpunchhole_t {
+            fp_flags: 0,
+            reserved: 0,
+            fp_offset: offset as libc::off_t,
+            fp_length: len as libc::off_t,
+        };
+        // SAFETY: a valid descriptor and an fpunchhole_t that lives across the call.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_PUNCHHOLE, &hole) } == -1 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+    {
+        let _ = (file, offset, len);
+        bail!("freeing part of a file (hole punching) is not supported on this system");
+    }
     Ok(())
+}
+
+/// The whole `block`-byte blocks inside `len` bytes at `offset`, as (offset, len); None if there are none.
+#[cfg_attr(not(target_os = "macos"), allow(dead_code))]
+fn whole_blocks(offset: u64, len: u64, block: u64) -> Option<(u64, u64)> {
+    let block = block.max(1);
+    let start = offset.div_ceil(block) * block;
+    let end = (offset + len) / block * block;
+    (end > start).then_some((start, end - start))
 }
 
 /// Runs `work` over `items` on up to `threads` threads (blocking network I/O: not the compute pool); the first
@@ -1019,4 +1058,19 @@ pub fn disk_usage(dir: &Path) -> Result<u64> {
             * 512;
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_blocks;
+
+    #[test]
+    fn holes_on_macos_cover_only_whole_blocks() {
+        assert_eq!(whole_blocks(0, 8192, 4096), Some((0, 8192)));
+        // A record from byte 100 to 12388: only the blocks at 4096 and 8192 lie wholly inside.
+        assert_eq!(whole_blocks(100, 12288, 4096), Some((4096, 8192)));
+        assert_eq!(whole_blocks(4096, 4095, 4096), None);
+        assert_eq!(whole_blocks(4000, 200, 4096), None);
+        assert_eq!(whole_blocks(5, 0, 4096), None);
+    }
 }

@@ -1,10 +1,11 @@
 //! The read engine: positioned reads into page-aligned memory, direct I/O where the filesystem allows it,
 //! many reads in flight per drive, and two queues per drive — demand always served before prefetch.
 
+use crate::os;
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -118,7 +119,8 @@ fn populate(addr: usize, len: usize) {
 /// How a file is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoMode {
-    /// O_DIRECT: bypasses the page cache (the engine keeps its own cache), needs aligned requests.
+    /// Bypasses the page cache (the engine keeps its own cache): O_DIRECT on Linux, which needs aligned
+    /// requests, F_NOCACHE on macOS.
     Direct,
     /// Ordinary reads through the page cache.
     Buffered,
@@ -151,14 +153,11 @@ pub enum Fault {
 }
 
 impl DataFile {
-    /// Opens `path`, with O_DIRECT if `want_direct` and the filesystem accepts it (tmpfs, for one, does not).
+    /// Opens `path` bypassing the page cache if `want_direct` and the filesystem accepts it (tmpfs, for one,
+    /// does not): see [`os::open_uncached`].
     pub fn open(path: &Path, want_direct: bool, drive: usize) -> Result<DataFile> {
         if want_direct {
-            if let Ok(file) = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
+            if let Ok(file) = os::open_uncached(path) {
                 return Ok(DataFile {
                     path: path.to_path_buf(),
                     file,
@@ -383,8 +382,12 @@ impl IoEngine {
             max_prefetch_in_flight: (workers_per_drive / 2).max(1),
             stopped: AtomicBool::new(false),
         });
+        // Elsewhere `Backend::Uring` cannot be chosen (see `from_str`): every drive gets reader threads.
+        #[cfg(not(target_os = "linux"))]
+        let _ = backend;
         let mut handles = Vec::new();
         for drive in &engine.drives {
+            #[cfg(target_os = "linux")]
             if backend == Backend::Uring {
                 let (drive, counters, cap) = (
                     drive.clone(),
@@ -420,6 +423,11 @@ impl IoEngine {
 
     pub fn submit(&self, op: ReadOp, priority: Priority) {
         self.counters.begin();
+        // A buffered prefetch may wait behind the in-flight cap: the kernel can read its range ahead meanwhile
+        // (macOS; the pages land in the page cache either way, so this adds no memory pressure).
+        if !demand && op.file.mode == IoMode::Buffered {
+            os::advise_read(&op.file.file, op.offset, op.len);
+        }
         let drive = &self.drives[op.file.drive.min(self.drives.len() - 1)];
         let mut q = drive.queues.lock().unwrap();
         match priority {
@@ -482,7 +490,7 @@ impl Drop for IoEngine {
 pub enum Backend {
     /// Reader threads doing positioned reads.
     Pool,
-    /// One thread per drive driving an io_uring ring.
+    /// One thread per drive driving an io_uring ring (Linux only).
     Uring,
 }
 
@@ -491,7 +499,8 @@ impl std::str::FromStr for Backend {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "pool" => Ok(Backend::Pool),
-            "uring" => Ok(Backend::Uring),
+            "uring" if cfg!(target_os = "linux") => Ok(Backend::Uring),
+            "uring" => Err("the uring I/O engine needs Linux's io_uring; use pool".into()),
             _ => Err(format!("unknown I/O engine {s:?}; choose pool or uring")),
         }
     }
@@ -565,6 +574,7 @@ fn read_error(op: &ReadOp, e: std::io::Error) -> String {
 }
 
 /// The io_uring reader of one drive: keeps up to `depth` reads in the ring, refilling as they complete.
+#[cfg(target_os = "linux")]
 fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize, depth: usize) {
     use io_uring::{opcode, types, IoUring};
     use std::os::unix::io::AsRawFd;

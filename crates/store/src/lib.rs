@@ -7,6 +7,7 @@
 
 mod fill;
 pub mod io;
+pub mod os;
 pub mod pack;
 pub mod policy;
 pub mod probe;

@@ -2,9 +2,9 @@
 //! direct-I/O mode, chunking and queue depth), reading expert-sized records in a scattered order.
 
 use crate::io::{AlignedBuf, Completion, DataFile, IoEngine, IoMode, Priority, ReadOp};
+use crate::os;
 use anyhow::{Context, Result};
 use std::io::Write;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
@@ -45,6 +45,7 @@ pub fn probe_file(dir: &Path, size: u64) -> Result<PathBuf> {
 
 fn write_probe_file(path: &Path, size: u64) -> Result<()> {
     let mut f = std::fs::File::create(path).context("creating it")?;
+    os::write_uncached(&f);
     let mut block = vec![0u8; 1 << 20];
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for _ in 0..size.div_ceil(1 << 20) {
@@ -59,11 +60,11 @@ fn write_probe_file(path: &Path, size: u64) -> Result<()> {
     Ok(f.sync_all()?)
 }
 
-/// Asks the kernel to forget the file's cached pages, so buffered reads measure the drive.
+/// Asks the kernel to forget the file's cached pages, so buffered reads measure the drive (where the OS
+/// can: see [`os::drop_cached_pages`]).
 pub fn drop_cache(path: &Path) {
     if let Ok(f) = std::fs::File::open(path) {
-        // SAFETY: a valid descriptor; advice only.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        os::drop_cached_pages(&f);
     }
 }
 
@@ -144,7 +145,26 @@ pub fn probe_uring(
     depth: usize,
     direct: bool,
 ) -> Result<ProbeResult> {
+    #[cfg(target_os = "linux")]
+    return uring_probe(path, bytes, record, chunk, depth, direct);
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (path, bytes, record, chunk, depth, direct);
+        anyhow::bail!("--engine uring needs Linux's io_uring; use --engine pool on this system")
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn uring_probe(
+    path: &Path,
+    bytes: u64,
+    record: usize,
+    chunk: usize,
+    depth: usize,
+    direct: bool,
+) -> Result<ProbeResult> {
     use io_uring::{opcode, types, IoUring};
+    use std::os::unix::io::AsRawFd;
     let file = DataFile::open(path, direct, 0)?;
     let len = std::fs::metadata(path)
         .with_context(|| format!("cannot read {}", path.display()))?

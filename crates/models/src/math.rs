@@ -1,0 +1,168 @@
+//! `tanh` and `ln(1 + eˣ)` computed the same way on every CPU and C library.
+//!
+//! `f32::tanh` and `f32::ln_1p` call the C library's `tanhf` and `log1pf`, which differ between glibc on
+//! x86-64 and on AArch64 in the last bit for about 0.1% of inputs (the AArch64 build fuses multiply-adds the
+//! x86-64 one rounds twice), and Apple's libm is another implementation again. These are evaluated in f64
+//! with + − × ÷ only, each correctly rounded by IEEE 754 on every ISA, and Rust never fuses them, so the
+//! bits are the same everywhere; the f64 result is within a few f64 ulps, so the f32 rounding of it is the
+//! correctly rounded value except within ~1e-15 of a rounding boundary.
+//!
+//! `f32::exp` is left to the C library: glibc's `expf` gives the same bits on x86-64 and AArch64 (checked
+//! by tools/arm/check.sh through the logits); Apple's is untested (docs/arm.md).
+
+use std::f64::consts::LN_2;
+
+/// tanh(x), the same bits on every platform.
+pub fn tanh(x: f32) -> f32 {
+    let a = f64::from(x.abs());
+    // tanh(10) = 1 - 4e-9 already rounds to 1.0f32.
+    let y = if a > 10.0 {
+        1.0
+    } else {
+        let t = exp_m1(2.0 * a);
+        t / (t + 2.0)
+    };
+    (y as f32).copysign(x)
+}
+
+/// ln(1 + eˣ), the same bits on every platform (for x up to about 20, where softplus is linear).
+pub fn ln_1p_exp(x: f32) -> f32 {
+    // Below -200 the value is under 1e-87: +0 in f32.
+    if x < -200.0 {
+        return 0.0;
+    }
+    let (scale, em1) = reduce(f64::from(x));
+    let e = scale * (1.0 + em1);
+    // ln(1 + e) from ln(u), u = 1 + e rounded: the factor e / (u - 1) undoes u's rounding error, which
+    // would otherwise dominate when e is small (Goldberg's log1p).
+    let u = 1.0 + e;
+    let y = if u == 1.0 { e } else { ln(u) * e / (u - 1.0) };
+    y as f32
+}
+
+/// eˣ − 1 for |x| ≤ 200: 2ᵏ(1 + (eʳ − 1)) − 1 (see [`reduce`]). For k = 0 the series alone is used,
+/// accurate relative to x however small.
+fn exp_m1(x: f64) -> f64 {
+    let (scale, em1) = reduce(x);
+    if scale == 1.0 {
+        em1
+    } else {
+        scale * em1 + (scale - 1.0)
+    }
+}
+
+/// x = k·ln 2 + r with |r| ≤ ln 2 / 2, returned as (2ᵏ, eʳ − 1), for |x| ≤ 200 (2ᵏ stays normal).
+fn reduce(x: f64) -> (f64, f64) {
+    let k = (x / LN_2).round();
+    let scale = f64::from_bits(((1023 + k as i64) as u64) << 52);
+    (scale, exp_m1_reduced(x - k * LN_2))
+}
+
+/// eʳ − 1 for |r| ≤ 0.35 by its Taylor series to r¹⁴/14! (the next term is below 1e-19 relative), in
+/// Horner form with the coefficients 1/k! rounded to f64 once, at compile time.
+fn exp_m1_reduced(r: f64) -> f64 {
+    const INV_FACTORIAL: [f64; 15] = {
+        let mut c = [1.0; 15];
+        let mut k = 1;
+        while k < 15 {
+            c[k] = c[k - 1] / k as f64;
+            k += 1;
+        }
+        c
+    };
+    let mut p = INV_FACTORIAL[14];
+    for &c in INV_FACTORIAL[1..14].iter().rev() {
+        p = p * r + c;
+    }
+    p * r
+}
+
+/// ln(u) for normal u ≥ 1: u = 2ʲ·m with m in [√½, √2), ln m = 2·atanh(s), s = (m − 1)/(m + 1), |s| < 0.172,
+/// by its series to s²³ (the next term is below 1e-20).
+fn ln(u: f64) -> f64 {
+    let bits = u.to_bits();
+    let mut j = ((bits >> 52) & 0x7FF) as i64 - 1023;
+    let mut m = f64::from_bits((bits & ((1 << 52) - 1)) | (1023 << 52));
+    if m > std::f64::consts::SQRT_2 {
+        m /= 2.0;
+        j += 1;
+    }
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    const INV_ODD: [f64; 12] = {
+        let mut c = [0.0; 12];
+        let mut k = 0;
+        while k < 12 {
+            c[k] = 1.0 / (2 * k + 1) as f64;
+            k += 1;
+        }
+        c
+    };
+    let mut series = 0.0;
+    for &c in INV_ODD.iter().rev() {
+        series = c + s2 * series;
+    }
+    j as f64 * LN_2 + 2.0 * s * series
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inputs spread over every scale that matters: tiny, around 1, up to saturation, both signs.
+    fn samples() -> impl Iterator<Item = f32> {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        (0..200_000).map(move |i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            unit * [1e-6, 1e-2, 1.0, 8.0, 30.0, 300.0][i % 6]
+        })
+    }
+
+    /// `got` is `want` (an f64 value) rounded to f32, unless `want` lies so near the midpoint between two
+    /// f32 values that an error of a few f64 ulps could legitimately round it either way.
+    fn correctly_rounded(got: f32, want: f64) -> bool {
+        let nearest = want as f32;
+        if got == nearest {
+            return true;
+        }
+        let below = if (nearest as f64) > want {
+            nearest.next_down()
+        } else {
+            nearest
+        };
+        let midpoint = (f64::from(below) + f64::from(below.next_up())) / 2.0;
+        (want - midpoint).abs() <= 1e-14 * want.abs()
+    }
+
+    #[test]
+    fn tanh_is_correctly_rounded() {
+        for x in samples() {
+            let want = f64::from(x).tanh();
+            assert!(
+                correctly_rounded(tanh(x), want),
+                "tanh({x:e}) = {:e}, want {want:e}",
+                tanh(x)
+            );
+        }
+        assert_eq!(tanh(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!((tanh(50.0), tanh(-50.0)), (1.0, -1.0));
+        assert!(tanh(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn ln_1p_exp_is_correctly_rounded() {
+        for x in samples().filter(|&x| x <= 20.0) {
+            let want = f64::from(x).exp().ln_1p();
+            let got = ln_1p_exp(x);
+            assert!(
+                correctly_rounded(got, want),
+                "ln_1p_exp({x:e}) = {got:e}, want {want:e}"
+            );
+        }
+        assert_eq!(ln_1p_exp(-1000.0), 0.0);
+    }
+}
