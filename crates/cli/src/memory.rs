@@ -2,6 +2,7 @@
 //! a memory cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`) of this process or one of its parents when
 //! that leaves less. Every automatic budget starts from here; [`allowance`] is the one platform query.
 
+#[cfg(any(target_os = "linux", test))]
 use std::path::{Path, PathBuf};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -98,12 +99,14 @@ pub fn allowance() -> Option<Allowance> {
     None
 }
 
+#[cfg(any(target_os = "linux", test))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Version {
     V1,
     V2,
 }
 
+#[cfg(target_os = "linux")]
 impl Version {
     fn limit_file(self) -> &'static str {
         match self {
@@ -128,6 +131,7 @@ fn meminfo_field(text: &str, field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+#[cfg(any(target_os = "linux", test))]
 /// The directory of this process's memory cgroup: its path in /proc/self/cgroup (v1: the hierarchy listing
 /// "memory"; v2: hierarchy 0) under the mount of that hierarchy in /proc/self/mountinfo, whose root within
 /// the hierarchy need not be "/".
@@ -162,6 +166,7 @@ fn cgroup_dir(own: &str, mountinfo: &str, version: Version) -> Option<PathBuf> {
     })
 }
 
+#[cfg(target_os = "linux")]
 /// `dir` and each parent up to the hierarchy's mount (the first without a limit file ends the walk).
 fn levels(dir: &Path, version: Version) -> Vec<PathBuf> {
     dir.ancestors()
@@ -170,6 +175,7 @@ fn levels(dir: &Path, version: Version) -> Vec<PathBuf> {
         .collect()
 }
 
+#[cfg(any(target_os = "linux", test))]
 /// A limit file's value; `None` for no limit ("max", or v1's page-counter maximum).
 fn parse_limit(text: &str) -> Option<u64> {
     let v: u64 = text.trim().parse().ok()?;
@@ -177,6 +183,7 @@ fn parse_limit(text: &str) -> Option<u64> {
     (v < 1 << 62).then_some(v)
 }
 
+#[cfg(any(target_os = "linux", test))]
 /// Page-cache bytes of the cgroup's usage (file pages the kernel reclaims under the limit rather than kill).
 fn reclaimable(stat: &str, version: Version) -> u64 {
     let fields: &[&str] = match version {

@@ -425,7 +425,7 @@ impl IoEngine {
         self.counters.begin();
         // A buffered prefetch may wait behind the in-flight cap: the kernel can read its range ahead meanwhile
         // (macOS; the pages land in the page cache either way, so this adds no memory pressure).
-        if !demand && op.file.mode == IoMode::Buffered {
+        if priority != Priority::Demand && op.file.mode == IoMode::Buffered {
             os::advise_read(&op.file.file, op.offset, op.len);
         }
         let drive = &self.drives[op.file.drive.min(self.drives.len() - 1)];
