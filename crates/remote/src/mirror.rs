@@ -980,9 +980,15 @@ fn punch_hole(file: &File, offset: u64, len: u64) -> Result<()> {
     }
     #[cfg(target_os = "macos")]
     {
-        use std::os::unix::fs::MetadataExt;
         use std::os::unix::io::AsRawFd;
-        let Some((offset, len)) = whole_blocks(offset, len, file.metadata()?.blksize()) else {
+        // The filesystem's block size (statfs f_bsize), which the man page names; st_blksize is the
+        // preferred I/O size and need not be it.
+        // SAFETY: a valid descriptor and a zeroed statfs the call fills.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } == -1 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let Some((offset, len)) = whole_blocks(offset, len, fs.f_bsize as u64) else {
             return Ok(());
         };
         let hole = libc::fpunchhole_t {
