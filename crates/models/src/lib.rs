@@ -12,6 +12,7 @@ pub mod math;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+mod session;
 pub mod spine;
 pub mod weights;
 
@@ -24,45 +25,10 @@ use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_store::record::{is_routed_expert, layer_prefix, ExpertRecord};
 use deltafin_store::{Backfill, ExpertStore, StoreOptions};
 pub use experts::Stats;
+use session::{logit_rows, split_logits};
+pub use session::{LogitRows, Session};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Which rows of a pass need logits: all of them (a scored prompt, verification) or only the last (generation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitRows {
-    All,
-    Last,
-}
-
-/// The rows of `h` (`[rows, hd]`, the batch's rows in order) that need logits: each session's last row, or all
-/// of its rows.
-fn logit_rows(h: &[f32], hd: usize, batch: &[Pass<'_, Session>]) -> Vec<f32> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    for p in batch {
-        let n = p.tokens.len();
-        out.extend_from_slice(&h[(at + n - p.logit_rows()) * hd..(at + n) * hd]);
-        at += n;
-    }
-    out
-}
-
-/// The head's logits (`[rows, vocab]` for `logit_rows`' rows) split back into each session's, whose position
-/// moves past its tokens.
-fn split_logits(logits: Vec<f32>, vocab: usize, batch: &mut [Pass<'_, Session>]) -> Vec<Vec<f32>> {
-    for p in batch.iter_mut() {
-        p.session.pos += p.tokens.len();
-    }
-    backend::split_rows(logits, vocab, batch)
-}
-
-/// One sequence's state: KDA recurrent states and MLA latent caches, one per layer.
-#[derive(Clone)]
-pub struct Session {
-    pub layers: Vec<LayerState>,
-    /// Tokens consumed so far.
-    pub pos: usize,
-}
 
 pub enum Model {
     KimiK3(kimi_k3::KimiK3),
