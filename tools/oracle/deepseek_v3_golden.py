@@ -577,6 +577,8 @@ CI needs no torch: it only reads these files. Layout facts: docs/checkpoint-layo
 - every stored tensor decodes (tools/oracle/quant_formats.py{', and compressed-tensors PackedQuantizationCompressor' if variant == 'int4' else ''}) to exactly the
   weights that made the goldens ({g['stored_tensors_decoded_and_checked']} matrices)
 - `DeepseekV3ForCausalLM.from_pretrained(dir, dtype=torch.float64)`: {reload_note(reload, variant)}
+- second opinion, numpy only: `python3 tools/oracle/released_ref.py <this folder>` decodes the released files
+  itself and recomputes logits, greedy ids and routing with the equations below (agrees to ~1e-6)
 
 ## Numerics transformers uses (the engine must match)
 """ + "\n".join(f"- {n}" for n in g["numerics"]) + "\n"

@@ -341,6 +341,8 @@ CI needs no torch: it only reads these files. Layout facts: docs/checkpoint-layo
   stored blocks/scales to exactly the golden expert weights
 - `GptOssForCausalLM.from_pretrained(dir, dtype=torch.float64, quantization_config=Mxfp4Config(dequantize=True))`:
   identical weights, identical logits (max |diff| = {g['reload_max_abs_diff']})
+- second opinion, numpy only: `python3 tools/oracle/released_ref.py <this folder>` decodes the released files
+  itself and recomputes logits, greedy ids and routing with the equations below (agrees to ~1e-6)
 
 ## Numerics transformers uses (the engine must match)
 """ + "\n".join(f"- {n}" for n in g["numerics"]) + "\n"
