@@ -115,7 +115,8 @@ FP8_QUANT_CONFIG = {
 
 # Kimi K2 Thinking's conventions: model_type kimi_k2 with the DeepseekV3 architecture (its remote code maps it
 # there), no expert groups (n_group = topk_group = 1), routed_scaling_factor 2.827, YaRN factor 64 (262144 positions) with
-# beta_fast = beta_slow = 1 and rope_theta 50000, and compressed-tensors INT4 routed experts.
+# beta_fast = beta_slow = 1 and rope_theta 50000, and compressed-tensors INT4 routed experts. bos/eos are K2's
+# 163584/163585 folded into the tiny vocab (placeholders, like every token id here).
 KIMI_K2_CONFIG = dict(
     copy.deepcopy(DEEPSEEK_V3_CONFIG),
     model_type="kimi_k2",
