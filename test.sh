@@ -22,4 +22,8 @@ if [ ! -e "$NVRTC_DIR/nvidia/cu13/lib/libnvrtc.so.13" ]; then
 fi
 export LD_LIBRARY_PATH="$PWD/$NVRTC_DIR/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# No import cycle between the files of any crate (the checker checks itself first).
+python3 tools/imports/cycles.py --self-test
+python3 tools/imports/cycles.py
+
 cargo test --workspace --release --locked "$@"

@@ -38,6 +38,23 @@ impl ApiError {
         }
     }
 
+    /// A model other than the served one was asked for.
+    pub fn unknown_model(id: &str, served: &str) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model {id:?} does not exist; this server serves {served:?}"),
+        )
+        .code("model_not_found");
+        e.param = Some("model".into());
+        e
+    }
+
+    /// A generation that failed (or ended without a result) on the worker.
+    pub fn generation(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
     pub fn code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self

@@ -10,11 +10,11 @@
 mod api;
 mod chat;
 mod cli;
+mod dialect;
 mod error;
-mod messages;
 mod metrics;
+mod prompt;
 mod respond;
-mod responses;
 mod sink;
 
 pub use cli::{run, ServeArgs};
@@ -32,6 +32,11 @@ use deltafin_models::Backend;
 use deltafin_store::ExpertStore;
 use deltafin_tokenizer::chat::ChatTemplate;
 use deltafin_tokenizer::Tokenizer;
+use dialect::chat::Chat;
+use dialect::completions::Completions;
+use dialect::messages::{self, Messages};
+use dialect::responses::Responses;
+use dialect::Dialect;
 use error::ApiError;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -160,11 +165,11 @@ pub async fn serve<B: Backend + 'static>(
 /// The parsers' one entry point from outside (the fuzzer's).
 pub fn parse_request(route: &str, body: &[u8]) -> Option<Result<(), serde_json::Value>> {
     let parsed = match route {
-        "/v1/chat/completions" => api::chat(body).map(drop),
-        "/v1/completions" => api::completion(body).map(drop),
-        "/v1/messages" => messages::parse(body).map(drop),
+        "/v1/chat/completions" => Chat::parse(body).map(drop),
+        "/v1/completions" => Completions::parse(body).map(drop),
+        "/v1/messages" => Messages::parse(body).map(drop),
         "/v1/messages/count_tokens" => messages::parse_count(body).map(drop),
-        "/v1/responses" => responses::parse(body).map(drop),
+        "/v1/responses" => Responses::parse(body).map(drop),
         _ => return None,
     };
     Some(parsed.map_err(|e| e.body()))
@@ -174,11 +179,11 @@ fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(respond::models))
         .route("/v1/models/{id}", get(respond::model))
-        .route("/v1/chat/completions", post(respond::chat))
-        .route("/v1/completions", post(respond::completions))
-        .route("/v1/messages", post(respond::messages))
+        .route("/v1/chat/completions", post(respond::endpoint::<Chat>))
+        .route("/v1/completions", post(respond::endpoint::<Completions>))
+        .route("/v1/messages", post(respond::endpoint::<Messages>))
         .route("/v1/messages/count_tokens", post(respond::count_tokens))
-        .route("/v1/responses", post(respond::responses))
+        .route("/v1/responses", post(respond::endpoint::<Responses>))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(v1)
@@ -217,7 +222,7 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
             )
             .code("invalid_api_key");
             return if req.uri().path().starts_with("/v1/messages") {
-                messages::error_response(e)
+                Messages::error(e)
             } else {
                 e.into_response()
             };

@@ -22,23 +22,31 @@ pub struct LogprobItem {
 
 #[derive(Debug)]
 pub enum Msg {
-    Delta {
-        reasoning: String,
-        content: String,
-        logprobs: Vec<LogprobItem>,
-    },
+    Delta(Delta),
     /// A complete tool call the reply made (the `index`-th).
     ToolCall {
         index: usize,
         call: ToolCall,
     },
-    Done {
-        finish_reason: &'static str,
-        /// The stop string that ended the reply, if one did.
-        stop_sequence: Option<String>,
-        usage: Usage,
-    },
+    Done(Finish),
     Error(String),
+}
+
+/// The reply's next text: reasoning and content, and the log-probabilities of the tokens that wrote it.
+#[derive(Debug, Default)]
+pub struct Delta {
+    pub reasoning: String,
+    pub content: String,
+    pub logprobs: Vec<LogprobItem>,
+}
+
+/// How a reply ended.
+#[derive(Debug)]
+pub struct Finish {
+    pub reason: &'static str,
+    /// The stop string that ended the reply, if one did.
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -202,11 +210,11 @@ impl ChannelSink {
     /// Sends what `route` gave: text first, then the calls, numbered across the reply.
     fn send(&mut self, r: Routed, logprobs: Vec<LogprobItem>) {
         if !r.reasoning.is_empty() || !r.content.is_empty() || !logprobs.is_empty() {
-            let _ = self.tx.send(Msg::Delta {
+            let _ = self.tx.send(Msg::Delta(Delta {
                 reasoning: r.reasoning,
                 content: r.content,
                 logprobs,
-            });
+            }));
         }
         for call in r.calls {
             let _ = self.tx.send(Msg::ToolCall {
@@ -294,13 +302,13 @@ impl Sink for ChannelSink {
             routed.content.push_str(&self.content.finish());
             self.send(routed, Vec::new());
         }
-        let finish_reason = match f.reason {
+        let reason = match f.reason {
             FinishReason::Length => "length",
             _ if self.tool_calls > 0 => "tool_calls",
             FinishReason::StopToken | FinishReason::Caller => "stop",
         };
-        let _ = self.tx.send(Msg::Done {
-            finish_reason,
+        let _ = self.tx.send(Msg::Done(Finish {
+            reason,
             stop_sequence: self.matched.take(),
             usage: Usage {
                 prompt_tokens: f.prompt_tokens,
@@ -308,7 +316,7 @@ impl Sink for ChannelSink {
                 completion_tokens: f.completion_tokens,
                 reasoning_tokens: self.reasoning_tokens,
             },
-        });
+        }));
     }
 
     fn cancelled(&self) -> bool {
@@ -383,9 +391,9 @@ mod tests {
         let mut finish = "";
         for m in msgs {
             match m {
-                Msg::Delta { content: c, .. } => content.push_str(c),
+                Msg::Delta(d) => content.push_str(&d.content),
                 Msg::ToolCall { index, call } => calls.push((*index, call.clone())),
-                Msg::Done { finish_reason, .. } => finish = finish_reason,
+                Msg::Done(f) => finish = f.reason,
                 Msg::Error(e) => panic!("error: {e}"),
             }
         }

@@ -3,20 +3,105 @@
 //! the reply's reasoning, text and tool calls come back as `thinking`, `text` and `tool_use` blocks, whole or
 //! as Anthropic's SSE events. Errors take Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
 
+use super::{Dialect, Events, Format, Reply};
 use crate::api::{
     self, only_fields, random_seed, string_field, temperature_top_p, ChatRequest, Common, Fields,
     Object, Tools,
 };
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
-use crate::respond::TypedEvents;
-use crate::sink::Usage;
+use crate::prompt::{self, Prepared};
+use crate::sink::{Delta, Finish, Usage};
+use crate::AppState;
 use axum::http::StatusCode;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use deltafin_engine::SamplingParams;
 use deltafin_tokenizer::chat::{ChatMessage, Effort, Role, ToolCall};
 use serde_json::{json, Value};
+
+pub struct Messages;
+
+impl Dialect for Messages {
+    type Request = ChatRequest;
+    type Events = Blocks;
+
+    fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+        parse_as(body, false)
+    }
+
+    fn prepare(s: &AppState, req: ChatRequest) -> Result<Prepared, ApiError> {
+        prompt::chat(s, req, EFFORT_FIELD)
+    }
+
+    fn id(created: u64, n: u64) -> String {
+        format!("msg_{created:x}{n:06}")
+    }
+
+    /// One choice: Messages has no `n`.
+    fn reply(f: &Format, replies: &[Reply]) -> Value {
+        let r = &replies[0];
+        let uses = r.calls.iter().map(|(i, c)| tool_use(&f.id, *i, c));
+        let mut content = Vec::new();
+        if !r.reasoning.is_empty() {
+            content.push(json!({"type": "thinking", "thinking": r.reasoning, "signature": ""}));
+        }
+        if !r.content.is_empty() {
+            content.push(json!({"type": "text", "text": r.content}));
+        }
+        content.extend(uses);
+        json!({
+            "id": f.id, "type": "message", "role": "assistant", "model": f.model, "content": content,
+            "stop_reason": stop_reason(&r.finish), "stop_sequence": r.finish.stop_sequence,
+            "usage": usage(&r.finish.usage),
+        })
+    }
+
+    fn start(f: Format, _: usize) -> (Blocks, Vec<Event>) {
+        let message = json!({
+            "id": f.id, "type": "message", "role": "assistant", "model": f.model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": f.prompt_tokens, "output_tokens": 0},
+        });
+        let start = event(
+            "message_start",
+            json!({"type": "message_start", "message": message}),
+        );
+        let blocks = Blocks {
+            id: f.id,
+            open: None,
+            next: 0,
+        };
+        (blocks, vec![start])
+    }
+
+    /// Anthropic's shape; the field a request error is about leads its message.
+    fn error(e: ApiError) -> Response {
+        let kind = match e.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            s if s.is_server_error() => "api_error",
+            _ => "invalid_request_error",
+        };
+        let message = match &e.param {
+            Some(p) => format!("{p}: {}", e.message),
+            None => e.message.clone(),
+        };
+        let body = json!({"type": "error", "error": {"type": kind, "message": message}});
+        let mut resp = (e.status, axum::Json(body)).into_response();
+        if let Some(secs) = e.retry_after_secs {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
+    }
+}
+
+/// The request field that sets K3's thinking.
+pub const EFFORT_FIELD: &str = "thinking";
 
 const FIELDS: &[&str] = &[
     "model",
@@ -65,11 +150,6 @@ const COUNT_FIELDS: &[&str] = &[
     "output_config",
     "cache_control",
 ];
-
-/// Parses a Messages request into the chat request it asks for.
-pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    parse_as(body, false)
-}
 
 /// Parses a `count_tokens` request: the prompt's fields only, no max_tokens.
 pub fn parse_count(body: &[u8]) -> Result<ChatRequest, ApiError> {
@@ -489,17 +569,17 @@ fn tools(list: Option<&Value>, choice: Option<&Value>) -> Result<Tools, ApiError
 }
 
 /// A reply's stop reason in Anthropic's words, from the sink's finish reason.
-pub fn stop_reason(finish: &str, stop_sequence: &Option<String>) -> &'static str {
-    match finish {
+fn stop_reason(f: &Finish) -> &'static str {
+    match f.reason {
         "length" => "max_tokens",
         "tool_calls" => "tool_use",
-        _ if stop_sequence.is_some() => "stop_sequence",
+        _ if f.stop_sequence.is_some() => "stop_sequence",
         _ => "end_turn",
     }
 }
 
 /// Anthropic's usage: input tokens not read from the prefix cache, those read from it, and output tokens.
-pub fn usage(u: &Usage) -> Value {
+fn usage(u: &Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
         "cache_creation_input_tokens": 0,
@@ -511,7 +591,7 @@ pub fn usage(u: &Usage) -> Value {
 /// A tool call as a `tool_use` block. Ids are unique per reply (`toolu_<message id>_<index>` where the model
 /// wrote none); the arguments become `input`, or `{"_raw_arguments": text}` when the model's arguments are
 /// not a JSON object (passed on for the client to judge, never dropped).
-pub fn tool_use(message_id: &str, index: usize, call: &ToolCall) -> Value {
+fn tool_use(message_id: &str, index: usize, call: &ToolCall) -> Value {
     let id = if call.id.is_empty() {
         format!("toolu_{message_id}_{index}")
     } else {
@@ -522,58 +602,6 @@ pub fn tool_use(message_id: &str, index: usize, call: &ToolCall) -> Value {
         _ => json!({"_raw_arguments": call.arguments}),
     };
     json!({"type": "tool_use", "id": id, "name": call.name, "input": input})
-}
-
-/// A reply's content blocks: thinking, text, then the tool uses.
-pub fn content(reasoning: &str, text: &str, uses: Vec<Value>) -> Vec<Value> {
-    let mut content = Vec::new();
-    if !reasoning.is_empty() {
-        content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
-    }
-    if !text.is_empty() {
-        content.push(json!({"type": "text", "text": text}));
-    }
-    content.extend(uses);
-    content
-}
-
-/// The whole reply.
-pub fn reply(
-    id: &str,
-    model: &str,
-    content: Vec<Value>,
-    stop_reason: &str,
-    stop_sequence: Option<String>,
-    usage: &Usage,
-) -> Value {
-    json!({
-        "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": self::usage(usage),
-    })
-}
-
-/// An error in Anthropic's shape; the field a request error is about leads its message.
-pub fn error_response(e: ApiError) -> Response {
-    let kind = match e.status {
-        StatusCode::UNAUTHORIZED => "authentication_error",
-        StatusCode::NOT_FOUND => "not_found_error",
-        StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
-        StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
-        StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
-        s if s.is_server_error() => "api_error",
-        _ => "invalid_request_error",
-    };
-    let message = match &e.param {
-        Some(p) => format!("{p}: {}", e.message),
-        None => e.message.clone(),
-    };
-    let body = json!({"type": "error", "error": {"type": kind, "message": message}});
-    let mut resp = (e.status, axum::Json(body)).into_response();
-    if let Some(secs) = e.retry_after_secs {
-        resp.headers_mut()
-            .insert(axum::http::header::RETRY_AFTER, secs.into());
-    }
-    resp
 }
 
 /// Anthropic's stream: `message_start`, then each content block as start, deltas and stop (thinking and text
@@ -588,28 +616,6 @@ pub struct Blocks {
 
 fn event(kind: &str, data: Value) -> Event {
     Event::default().event(kind).data(data.to_string())
-}
-
-impl Blocks {
-    pub fn start(id: &str, model: &str, prompt_tokens: usize) -> (Blocks, Event) {
-        let message = json!({
-            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
-        });
-        let blocks = Blocks {
-            id: id.to_string(),
-            open: None,
-            next: 0,
-        };
-        (
-            blocks,
-            event(
-                "message_start",
-                json!({"type": "message_start", "message": message}),
-            ),
-        )
-    }
 }
 
 impl Blocks {
@@ -663,13 +669,14 @@ impl Blocks {
     }
 }
 
-impl TypedEvents for Blocks {
-    fn delta(&mut self, reasoning: &str, content: &str, out: &mut Vec<Event>) {
-        self.text(true, reasoning, out);
-        self.text(false, content, out);
+/// One choice: Messages has no `n`.
+impl Events for Blocks {
+    fn delta(&mut self, _: usize, d: &Delta, out: &mut Vec<Event>) {
+        self.text(true, &d.reasoning, out);
+        self.text(false, &d.content, out);
     }
 
-    fn tool_call(&mut self, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
+    fn tool_call(&mut self, _: usize, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
         let mut block = tool_use(&self.id, index, call);
         let input = std::mem::replace(&mut block["input"], json!({}));
         let i = self.open(block, out);
@@ -684,20 +691,13 @@ impl TypedEvents for Blocks {
         ));
     }
 
-    fn done(
-        &mut self,
-        finish_reason: &str,
-        stop_sequence: Option<String>,
-        usage: &Usage,
-        out: &mut Vec<Event>,
-    ) {
+    fn done(&mut self, _: usize, f: &Finish, _: bool, out: &mut Vec<Event>) {
         self.close(out);
-        let stop_reason = stop_reason(finish_reason, &stop_sequence);
         out.push(event(
             "message_delta",
             json!({"type": "message_delta",
-                   "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                   "usage": self::usage(usage)}),
+                   "delta": {"stop_reason": stop_reason(f), "stop_sequence": f.stop_sequence},
+                   "usage": usage(&f.usage)}),
         ));
         out.push(event("message_stop", json!({"type": "message_stop"})));
     }
@@ -719,7 +719,7 @@ mod tests {
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
         }
-        parse(body.to_string().as_bytes()).unwrap_or_else(|e| panic!("{}", e.message))
+        Messages::parse(body.to_string().as_bytes()).unwrap_or_else(|e| panic!("{}", e.message))
     }
 
     #[test]
@@ -799,7 +799,7 @@ mod tests {
         );
         let over = json!({"model": "m", "max_tokens": 2000, "messages": [{"role": "user", "content": "Hi"}],
                           "thinking": {"type": "enabled", "budget_tokens": 2000}});
-        assert!(parse(over.to_string().as_bytes()).is_err());
+        assert!(Messages::parse(over.to_string().as_bytes()).is_err());
     }
 
     #[test]

@@ -4,18 +4,78 @@
 //! `function_call` output items, whole or as the Responses stream's events. Responses are not stored:
 //! `previous_response_id` is refused, so clients send the whole conversation (as with `store: false`).
 
+use super::{Dialect, Events, Format, Reply};
 use crate::api::{
     self, only_fields, random_seed, string_field, temperature_top_p, ChatRequest, Common, Fields,
     Tools,
 };
 use crate::chat::ReasoningEffort;
 use crate::error::ApiError;
-use crate::respond::TypedEvents;
-use crate::sink::Usage;
+use crate::prompt::{self, Prepared};
+use crate::sink::{Delta, Finish, Usage};
+use crate::AppState;
 use axum::response::sse::Event;
 use deltafin_engine::SamplingParams;
 use deltafin_tokenizer::chat::{ChatMessage, Effort, Role, ToolCall};
 use serde_json::{json, Value};
+
+pub struct Responses;
+
+impl Dialect for Responses {
+    type Request = ChatRequest;
+    type Events = Items;
+
+    fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+        parse(body)
+    }
+
+    fn prepare(s: &AppState, req: ChatRequest) -> Result<Prepared, ApiError> {
+        prompt::chat(s, req, "reasoning_effort")
+    }
+
+    fn id(created: u64, n: u64) -> String {
+        format!("resp_{created:x}{n:06}")
+    }
+
+    /// One choice: Responses has no `n`.
+    fn reply(f: &Format, replies: &[Reply]) -> Value {
+        let r = &replies[0];
+        let output = output(&f.id, &r.reasoning, &r.content, &r.calls);
+        let finish = Some(r.finish.reason);
+        response(
+            &f.id,
+            f.created,
+            &f.model,
+            output,
+            finish,
+            Some(&r.finish.usage),
+        )
+    }
+
+    fn start(f: Format, _: usize) -> (Items, Vec<Event>) {
+        let mut items = Items {
+            id: f.id,
+            created: f.created,
+            model: f.model,
+            seq: 0,
+            open: None,
+            done: Vec::new(),
+        };
+        let r = response(
+            &items.id,
+            items.created,
+            &items.model,
+            Vec::new(),
+            None,
+            None,
+        );
+        let events = vec![
+            items.event("response.created", json!({"response": r.clone()})),
+            items.event("response.in_progress", json!({"response": r})),
+        ];
+        (items, events)
+    }
+}
 
 const FIELDS: &[&str] = &[
     "model",
@@ -57,7 +117,7 @@ const UNSUPPORTED: &[&str] = &[
 ];
 
 /// Parses a Responses request into the chat request it asks for.
-pub fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
+fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let f = Fields::parse_against(body, FIELDS, UNSUPPORTED)?;
     for k in ["previous_response_id", "conversation"] {
         if f.raw(k).is_some() {
@@ -309,7 +369,7 @@ fn tools(list: Option<&Value>, choice: Option<&Value>, parallel: bool) -> Result
 }
 
 /// The usage object: input tokens (of which cached), output tokens (of which reasoning).
-pub fn usage(u: &Usage) -> Value {
+fn usage(u: &Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens},
@@ -321,7 +381,7 @@ pub fn usage(u: &Usage) -> Value {
 
 /// A response object: `status` in_progress (the stream's first events), completed, or incomplete (the
 /// output-token limit) with its reason.
-pub fn response(
+fn response(
     id: &str,
     created: u64,
     model: &str,
@@ -377,7 +437,7 @@ fn call_item(id: &str, index: usize, call: &ToolCall, status: &str) -> Value {
 
 /// The output items of a whole reply: reasoning, the message (also when the reply is empty and made no
 /// call), then the calls.
-pub fn output(id: &str, reasoning: &str, text: &str, calls: &[(usize, ToolCall)]) -> Vec<Value> {
+fn output(id: &str, reasoning: &str, text: &str, calls: &[(usize, ToolCall)]) -> Vec<Value> {
     let mut out = Vec::new();
     if !reasoning.is_empty() {
         out.push(reasoning_item(id, reasoning));
@@ -404,23 +464,6 @@ pub struct Items {
 }
 
 impl Items {
-    pub fn start(id: &str, created: u64, model: &str) -> (Items, Vec<Event>) {
-        let mut items = Items {
-            id: id.to_string(),
-            created,
-            model: model.to_string(),
-            seq: 0,
-            open: None,
-            done: Vec::new(),
-        };
-        let r = response(id, created, model, Vec::new(), None, None);
-        let events = vec![
-            items.event("response.created", json!({"response": r.clone()})),
-            items.event("response.in_progress", json!({"response": r})),
-        ];
-        (items, events)
-    }
-
     fn event(&mut self, kind: &str, mut data: Value) -> Event {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.seq);
@@ -539,13 +582,14 @@ impl TextKind {
     }
 }
 
-impl TypedEvents for Items {
-    fn delta(&mut self, reasoning: &str, content: &str, out: &mut Vec<Event>) {
-        self.text(true, reasoning, out);
-        self.text(false, content, out);
+/// One choice: Responses has no `n`.
+impl Events for Items {
+    fn delta(&mut self, _: usize, d: &Delta, out: &mut Vec<Event>) {
+        self.text(true, &d.reasoning, out);
+        self.text(false, &d.content, out);
     }
 
-    fn tool_call(&mut self, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
+    fn tool_call(&mut self, _: usize, index: usize, call: &ToolCall, out: &mut Vec<Event>) {
         self.close(out);
         let at = self.done.len();
         let added = call_item(&self.id, index, call, "in_progress");
@@ -569,7 +613,7 @@ impl TypedEvents for Items {
     }
 
     /// Responses have no stop sequences.
-    fn done(&mut self, finish: &str, _: Option<String>, usage: &Usage, out: &mut Vec<Event>) {
+    fn done(&mut self, _: usize, f: &Finish, _: bool, out: &mut Vec<Event>) {
         self.close(out);
         if self.done.is_empty() {
             // An empty reply is one empty message, as in the whole response.
@@ -587,8 +631,8 @@ impl TypedEvents for Items {
             self.created,
             &self.model,
             output,
-            Some(finish),
-            Some(usage),
+            Some(f.reason),
+            Some(&f.usage),
         );
         let kind = if r["status"] == "incomplete" {
             "response.incomplete"
