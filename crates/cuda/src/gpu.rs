@@ -2,6 +2,7 @@
 //! buffers. Buffers are plain `cuMemAlloc` allocations addressed by pointer; ordering between the two streams
 //! is explicit (events), so cudarc's per-slice event tracking is not used.
 
+use crate::devptr::DevPtr;
 use crate::timeline::Timeline;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
@@ -380,8 +381,9 @@ impl Gpu {
 }
 
 /// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64), on the compute
-/// stream, the side stream or the prep stream.
-pub struct Launch<'a> {
+/// stream, the side stream or the prep stream: the untyped mechanism under the typed wrappers of kernels.rs,
+/// which alone build launches.
+pub(crate) struct Launch<'a> {
     gpu: &'a Gpu,
     name: &'static str,
     /// A matmul's (rows, cols), which the timeline tells apart.
@@ -393,13 +395,13 @@ pub struct Launch<'a> {
 
 /// The stream a launch goes to.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum On {
+pub(crate) enum On {
     Compute,
     Side,
     Prep,
 }
 
-pub enum Arg {
+enum Arg {
     Ptr(u64),
     I(i32),
     F(f32),
@@ -507,7 +509,8 @@ impl<'a> Launch<'a> {
             .ctx
             .bind_to_thread()
             .doing("binding the GPU context to this thread before a kernel launch")?;
-        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel), and
+        // SAFETY: the argument lists match the kernels' signatures (each wrapper of kernels.rs mirrors its kernel,
+        // checked against kernels.cu by its test), and
         // `params` points into `self.args`, alive until the call returns (the driver copies the values).
         unsafe {
             sys::cuLaunchKernelEx(
@@ -530,6 +533,11 @@ pub struct DevBuf {
 }
 
 impl DevBuf {
+    /// The buffer as elements of `T`.
+    pub fn typed<T>(&self) -> DevPtr<T> {
+        DevPtr::new(self.ptr)
+    }
+
     /// Pointer to element `i` of an f32 buffer.
     pub fn f(&self, i: usize) -> u64 {
         self.ptr + 4 * i as u64

@@ -116,7 +116,7 @@ impl Backend for CudaModel {
         let result = issued.and_then(|(logits, len)| {
             self.gpu.record(&self.span[1])?;
             self.cache.lock().unwrap().counters.issue_secs += t0.elapsed().as_secs_f64();
-            let out = self.gpu.dtoh(logits, len)?;
+            let out = self.gpu.dtoh(logits.addr(), len)?;
             let ms = self.span[0]
                 .elapsed_ms(&self.span[1])
                 .doing("timing a pass")?;

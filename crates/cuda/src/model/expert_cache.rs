@@ -2,6 +2,7 @@
 //! path's tables.
 
 use crate::gpu::{DevBuf, Pinned};
+use crate::kernels::{Act, ExpertVariant};
 use crate::plan::{Ring, SlotCache};
 use cudarc::driver::CudaEvent;
 use deltafin_store::record::{Encoding, ExpertRecord};
@@ -12,9 +13,14 @@ pub(super) trait ExpertKernels {
     fn mxfp4(&self) -> bool;
     /// The record's tensor offsets as the kernels take them (BF16 fills the first three).
     fn offsets(&self) -> [u64; 6];
-    /// The expert kernels (up, down) of this encoding that take `rows` x rows a pass over the weights (see
-    /// `rows_per_pass`), and the activation they apply (0 SiTU, 1 SiLU).
-    fn kernels(&self, rows: usize) -> (&'static str, &'static str, usize);
+    /// The expert kernels of this encoding that take `rows` x rows a pass over the weights (see
+    /// `rows_per_pass`).
+    fn variant(&self, rows: usize) -> ExpertVariant;
+    /// Their names (up, down) and the activation they apply.
+    fn kernels(&self, rows: usize) -> (&'static str, &'static str, Act) {
+        let v = self.variant(rows);
+        (v.up(), v.down(), v.act())
+    }
     /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
     /// free columns of the same tensor-core MMAs), BF16 one.
     fn rows_per_pass(&self) -> usize;
@@ -41,11 +47,11 @@ impl ExpertKernels for ExpertRecord {
         at
     }
 
-    fn kernels(&self, rows: usize) -> (&'static str, &'static str, usize) {
+    fn variant(&self, rows: usize) -> ExpertVariant {
         match (self.mxfp4(), rows) {
-            (true, 1) => ("expert_up_mx", "expert_down_mx", 0),
-            (true, _) => ("expert_up_mx2", "expert_down_mx2", 0),
-            (false, _) => ("expert_up_bf16", "expert_down_bf16", 1),
+            (true, 1) => ExpertVariant::Mx,
+            (true, _) => ExpertVariant::Mx2,
+            (false, _) => ExpertVariant::Bf16,
         }
     }
 

@@ -5,7 +5,9 @@ use super::expert_cache::{CudaCounters, Direct, ExpertCache, ExpertKernels};
 use super::forward::Mm;
 use super::session::Arena;
 use super::spine::Moe;
-use crate::gpu::{par_copy, Doing, Launch, On};
+use crate::devptr::DevPtr;
+use crate::gpu::{par_copy, Doing};
+use crate::kernels::{ExpertDown, ExpertUp, MoeCombine, MoeGroup, MoeRoute, MxRepack};
 use crate::plan::plan_waves;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{result as cu, CudaEvent};
@@ -21,11 +23,11 @@ impl CudaModel {
         a: &Arena,
         layer: usize,
         m: &Moe,
-        x: u64,
+        x: DevPtr<f32>,
         n: usize,
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-        h: u64,
+        h: DevPtr<f32>,
     ) -> Result<()> {
         let mc = &self.cfg.moe;
         let (e_count, top_k) = (mc.num_experts, mc.top_k);
@@ -67,54 +69,53 @@ impl CudaModel {
         // host; one row's (decode) straight from the router, several rows' grouped by expert on the device.
         // Otherwise the host takes the ids, plans the copies and runs each chosen expert once per pass.
         let direct = self.direct.as_ref();
-        let table = direct.map_or(0, |d| d.table.ptr + (8 * layer * e_count) as u64);
+        let table = direct.map_or(DevPtr::NULL, |d| {
+            d.table.typed().byte_add((8 * layer * e_count) as u64)
+        });
         let (route_table, slots) = match direct {
             Some(_) if n == 1 => (table, a.take(8 * top_k)?),
-            _ => (0, 0),
+            _ => (DevPtr::NULL, DevPtr::NULL),
         };
-        Launch::new(
-            &self.gpu,
-            "moe_route",
-            (n as u32, 1),
-            128,
-            (4 * (3 * e_count + top_k)) as u32,
-        )
-        .p(logits)
-        .p(m.bias.ptr())
-        .i(e_count)
-        .i(top_k)
-        .i(mc.renormalize as usize)
-        .f(mc.routed_scaling_factor)
-        .p(ids)
-        .p(wts)
-        .p(route_table)
-        .p(slots)
-        .go()?;
+        MoeRoute {
+            logits,
+            bias: m.bias.ptr(),
+            e: e_count,
+            topk: top_k,
+            renorm: mc.renormalize,
+            scale: mc.routed_scaling_factor,
+            ids,
+            wts,
+            table: route_table,
+            slots,
+        }
+        .go(&self.gpu, n)?;
         let (entry, y) = match direct {
             Some(d) if n == 1 => {
                 let act = a.f32s(top_k * lay.inter)?;
                 let y = a.f32s(top_k * lay.width)?;
-                self.launch_experts(top_k, 1, slots, d.seq.ptr, d.row0.ptr, z, act, y)?;
-                (d.seq.ptr, y)
+                let (seq, row0) = (d.seq.typed(), d.row0.typed());
+                self.launch_experts(top_k, 1, slots, seq, row0, z, act, y)?;
+                (seq, y)
             }
             Some(_) => {
                 // As many groups as there can be distinct experts: the empty ones cost a block start each.
                 let (pairs, groups) = (n * top_k, (n * top_k).min(e_count));
                 let (slots, row_off) = (a.take(8 * groups)?, a.take(4 * (groups + 1))?);
                 let (rows, entry) = (a.take(4 * pairs)?, a.take(4 * pairs)?);
-                Launch::new(&self.gpu, "moe_group", (1, 1), 256, (4 * e_count) as u32)
-                    .p(ids)
-                    .i(n)
-                    .i(top_k)
-                    .i(e_count)
-                    .i(groups)
-                    .p(table)
-                    .p(slots)
-                    .p(row_off)
-                    .p(rows)
-                    .p(entry)
-                    .p(a.groups.get() + 4 * layer as u64)
-                    .go()?;
+                MoeGroup {
+                    ids,
+                    n,
+                    topk: top_k,
+                    e: e_count,
+                    groups,
+                    table,
+                    slots,
+                    row_off,
+                    rows,
+                    entry,
+                    count: DevPtr::new(a.groups.get()).byte_add(4 * layer as u64),
+                }
+                .go(&self.gpu)?;
                 let act = a.f32s(pairs * lay.inter)?;
                 let y = a.f32s(pairs * lay.width)?;
                 let per_pass = lay.rows_per_pass();
@@ -129,21 +130,16 @@ impl CudaModel {
         };
         // acc = Σ w_i y_i per row, experts in ascending id order.
         let acc = a.f32s(n * lay.width)?;
-        Launch::new(
-            &self.gpu,
-            "moe_combine",
-            (n as u32, lay.width.div_ceil(256) as u32),
-            256,
-            0,
-        )
-        .p(y)
-        .p(entry)
-        .p(wts)
-        .p(acc)
-        .i(n)
-        .i(top_k)
-        .i(lay.width)
-        .go()?;
+        MoeCombine {
+            y,
+            entry,
+            wts,
+            acc,
+            n,
+            topk: top_k,
+            width: lay.width,
+        }
+        .go(&self.gpu)?;
         match (&m.latent, shared) {
             (Some((_, norm, up)), Some(s)) => {
                 self.gpu.wait(&self.join)?;
@@ -179,14 +175,14 @@ impl CudaModel {
         &'s self,
         a: &Arena,
         layer: usize,
-        ids: u64,
-        z: u64,
+        ids: DevPtr<i32>,
+        z: DevPtr<f32>,
         n: usize,
         held: &mut Vec<RecordRef<'s>>,
-    ) -> Result<(u64, u64, usize)> {
+    ) -> Result<(DevPtr<i32>, DevPtr<f32>, usize)> {
         let top_k = self.cfg.moe.top_k;
         a.copies.set(true);
-        let ids: Vec<i32> = self.gpu.dtoh(ids, n * top_k)?;
+        let ids: Vec<i32> = self.gpu.dtoh(ids.addr(), n * top_k)?;
         // The compute stream is idle here, so it has passed its waits on every earlier copy: their records may
         // move again.
         held.clear();
@@ -341,19 +337,13 @@ impl CudaModel {
     pub(super) fn repack(&self, dst: u64) -> Result<()> {
         let lay = &self.layout;
         // A block holds one 32-row group of a tensor (its size checked at load).
-        Launch::new(
-            &self.gpu,
-            "mx_repack",
-            (lay.width.max(lay.inter).div_ceil(32) as u32, 6),
-            256,
-            lay.repack_smem() as u32,
-        )
-        .on(On::Prep)
-        .p(dst)
-        .parts(lay.offsets())
-        .i(lay.width)
-        .i(lay.inter)
-        .go()
+        MxRepack {
+            rec: DevPtr::new(dst),
+            parts: lay.offsets(),
+            width: lay.width,
+            inter: lay.inter,
+        }
+        .go(&self.gpu, lay.repack_smem())
     }
 
     /// An event after every copy issued so far and, for MXFP4 experts, their rearrangement.
@@ -442,9 +432,9 @@ impl CudaModel {
         group: &[(usize, u64)],
         rows_of: &[Vec<usize>],
         entry_of: &[usize],
-        z: u64,
-        act: u64,
-        y: u64,
+        z: DevPtr<f32>,
+        act: DevPtr<f32>,
+        y: DevPtr<f32>,
     ) -> Result<()> {
         if group.is_empty() {
             return Ok(());
@@ -475,8 +465,8 @@ impl CudaModel {
             off_dev,
             rows_dev,
             z,
-            act + (4 * first * lay.inter) as u64,
-            y + (4 * first * lay.width) as u64,
+            act.byte_add((4 * first * lay.inter) as u64),
+            y.byte_add((4 * first * lay.width) as u64),
         )
     }
 
@@ -488,49 +478,38 @@ impl CudaModel {
         &self,
         g: usize,
         per_pass: usize,
-        slots: u64,
-        row_off: u64,
-        rows: u64,
-        z: u64,
-        act: u64,
-        y: u64,
+        slots: DevPtr<u64>,
+        row_off: DevPtr<i32>,
+        rows: DevPtr<i32>,
+        z: DevPtr<f32>,
+        act: DevPtr<f32>,
+        y: DevPtr<f32>,
     ) -> Result<()> {
         let lay = &self.layout;
-        let (up, down, act_kind) = lay.kernels(per_pass);
-        let g = g as u32;
+        let variant = lay.variant(per_pass);
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
         // groups in turn) in expert_up, 64 output rows in expert_down.
-        Launch::new(
-            &self.gpu,
-            up,
-            (lay.inter.div_ceil(64) as u32, g),
-            128,
-            lay.expert_smem(lay.width, per_pass) as u32,
-        )
-        .p(slots)
-        .p(row_off)
-        .p(rows)
-        .p(z)
-        .p(act)
-        .i(lay.width)
-        .i(lay.inter)
-        .i(act_kind)
-        .parts(lay.offsets())
-        .go()?;
-        Launch::new(
-            &self.gpu,
-            down,
-            (lay.width.div_ceil(64) as u32, g),
-            128,
-            lay.expert_smem(lay.inter, per_pass) as u32,
-        )
-        .p(slots)
-        .p(row_off)
-        .p(act)
-        .p(y)
-        .i(lay.width)
-        .i(lay.inter)
-        .parts(lay.offsets())
-        .go()
+        ExpertUp {
+            slots,
+            row_off,
+            rows,
+            z,
+            a: act,
+            width: lay.width,
+            inter: lay.inter,
+            act: variant.act(),
+            parts: lay.offsets(),
+        }
+        .go(&self.gpu, variant, g, lay.expert_smem(lay.width, per_pass))?;
+        ExpertDown {
+            slots,
+            row_off,
+            a: act,
+            y,
+            width: lay.width,
+            inter: lay.inter,
+            parts: lay.offsets(),
+        }
+        .go(&self.gpu, variant, g, lay.expert_smem(lay.inter, per_pass))
     }
 }

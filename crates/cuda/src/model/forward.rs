@@ -3,8 +3,13 @@
 
 use super::cuda_model::CudaModel;
 use super::session::{Arena, CudaSession, State};
-use super::spine::{kda_smem, At, Attn, Ffn, Kda, Lin, Mla, Mlp, OutGate, QPath, Streamed};
-use crate::gpu::{Doing, Launch, On};
+use super::spine::{At, Attn, Ffn, Kda, Lin, Mla, Mlp, OutGate, QPath, Streamed};
+use crate::devptr::DevPtr;
+use crate::gpu::{Doing, On};
+use crate::kernels::{
+    Act, AttnResMix, EmbedRows, KdaRecurrence, MatmulBf16, MlaAppend, MlaAttend, MlpUpAct,
+    RmsNormRows, TimelineMark,
+};
 use crate::plan::{matmul_ring_bytes, matmul_tile};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::result as cu;
@@ -17,19 +22,26 @@ use deltafin_store::RecordRef;
 /// The forward pass's norms and residual adds are fused into the matmuls next to them (the same arithmetic).
 #[derive(Clone, Copy, Default)]
 pub(super) struct Mm {
-    pub(super) norm: Option<(u64, f32)>,
-    pub(super) add: u64,
+    pub(super) norm: Option<(DevPtr<f32>, f32)>,
+    pub(super) add: DevPtr<f32>,
     pub(super) accumulate: bool,
     /// On the side stream.
     pub(super) side: bool,
 }
 
 impl CudaModel {
-    pub(super) fn mm(&self, a: &Arena, w: &Lin, x: u64, n: usize) -> Result<u64> {
+    pub(super) fn mm(&self, a: &Arena, w: &Lin, x: DevPtr<f32>, n: usize) -> Result<DevPtr<f32>> {
         self.mm_with(a, w, x, n, Mm::default())
     }
 
-    pub(super) fn mm_with(&self, a: &Arena, w: &Lin, x: u64, n: usize, mm: Mm) -> Result<u64> {
+    pub(super) fn mm_with(
+        &self,
+        a: &Arena,
+        w: &Lin,
+        x: DevPtr<f32>,
+        n: usize,
+        mm: Mm,
+    ) -> Result<DevPtr<f32>> {
         let y = a.f32s(n * w.rows)?;
         self.mm_into(w, x, y, n, mm)?;
         Ok(y)
@@ -43,10 +55,10 @@ impl CudaModel {
         a: &Arena,
         fused: &Lin,
         parts: &[&Lin],
-        x: u64,
+        x: DevPtr<f32>,
         n: usize,
-        norm: Option<(u64, f32)>,
-    ) -> Result<Vec<u64>> {
+        norm: Option<(DevPtr<f32>, f32)>,
+    ) -> Result<Vec<DevPtr<f32>>> {
         let mm = Mm {
             norm,
             ..Mm::default()
@@ -59,17 +71,22 @@ impl CudaModel {
             .iter()
             .map(|p| {
                 let o = at;
-                at += 4 * p.rows as u64;
+                at = at.byte_add(4 * p.rows as u64);
                 o
             })
             .collect())
     }
 
-    pub(super) fn mm_into(&self, w: &Lin, x: u64, y: u64, n: usize, mm: Mm) -> Result<()> {
-        let (norm_w, eps) = mm.norm.unwrap_or((0, 0.0));
-        // A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
-        // ring of 4 KB pieces (as many as a row has, at most four), then the x rows of a tile (as many as fit,
-        // at most four).
+    pub(super) fn mm_into(
+        &self,
+        w: &Lin,
+        x: DevPtr<f32>,
+        y: DevPtr<f32>,
+        n: usize,
+        mm: Mm,
+    ) -> Result<()> {
+        let (norm_w, eps) = mm.norm.unwrap_or((DevPtr::NULL, 0.0));
+        // The x rows of a tile: as many as fit, at most four.
         let smem = self.gpu.dynamic_smem("matmul_bf16");
         let Some(tile) = matmul_tile(smem, w.cols) else {
             bail!(
@@ -79,92 +96,74 @@ impl CudaModel {
                 matmul_ring_bytes(w.cols) + 4 * w.cols,
             );
         };
-        Launch::new(
-            &self.gpu,
-            "matmul_bf16",
-            (w.rows.div_ceil(4) as u32, 1),
-            128,
-            (matmul_ring_bytes(w.cols) + 4 * n.min(tile) * w.cols) as u32,
-        )
-        .on(if mm.side { On::Side } else { On::Compute })
-        .shape(w.rows, w.cols)
-        .p(w.ptr())
-        .p(x)
-        .p(y)
-        .i(w.rows)
-        .i(w.cols)
-        .i(n)
-        .i(tile)
-        .p(norm_w)
-        .f(eps)
-        .p(mm.add)
-        .i(mm.accumulate as usize)
-        .go()
-    }
-
-    pub(super) fn rms(&self, x: u64, w: u64, out: u64, n: usize, d: usize, eps: f32) -> Result<()> {
-        Launch::new(&self.gpu, "rms_norm_rows", (n as u32, 1), 256, 0)
-            .p(x)
-            .p(w)
-            .p(out)
-            .i(n)
-            .i(d)
-            .f(eps)
-            .go()
+        MatmulBf16 {
+            w: w.ptr(),
+            x,
+            y,
+            rows: w.rows,
+            cols: w.cols,
+            n,
+            tile,
+            norm_w,
+            eps,
+            add: mm.add,
+            accumulate: mm.accumulate,
+        }
+        .go(&self.gpu, if mm.side { On::Side } else { On::Compute })
     }
 
     /// AttnRes Mix of `cur` with the anchors into `out`; with `norm`, RMS-normalised by that weight (fused).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mix(
         &self,
-        anchors: u64,
+        anchors: DevPtr<f32>,
         na: usize,
-        cur: u64,
+        cur: DevPtr<f32>,
         w: &At,
-        out: u64,
+        out: DevPtr<f32>,
         n: usize,
         norm: Option<&At>,
     ) -> Result<()> {
-        let hd = self.cfg.hidden;
-        Launch::new(&self.gpu, "attn_res_mix", (n as u32, 1), 256, 0)
-            .p(anchors)
-            .i(na)
-            .p(cur)
-            .p(w.ptr())
-            .p(out)
-            .i(n)
-            .i(hd)
-            .f(self.cfg.rms_norm_eps)
-            .p(norm.map_or(0, At::ptr))
-            .go()
+        AttnResMix {
+            anchors,
+            na,
+            cur,
+            w: w.ptr(),
+            out,
+            n,
+            hd: self.cfg.hidden,
+            eps: self.cfg.rms_norm_eps,
+            norm_w: norm.map_or(DevPtr::NULL, At::ptr),
+        }
+        .go(&self.gpu)
     }
 
     /// The gated MLP of x into `y` (see [`Mm`]).
-    pub(super) fn mlp(&self, a: &Arena, m: &Mlp, x: u64, n: usize, y: u64, out: Mm) -> Result<()> {
+    pub(super) fn mlp(
+        &self,
+        a: &Arena,
+        m: &Mlp,
+        x: DevPtr<f32>,
+        n: usize,
+        y: DevPtr<f32>,
+        out: Mm,
+    ) -> Result<()> {
         let act = a.f32s(n * m.gate.rows)?;
-        let kind = if self.cfg.family == Family::KimiK3 {
-            0
-        } else {
-            1
-        };
-        // Eight threads per row (gate and up).
-        Launch::new(
-            &self.gpu,
-            "mlp_up_act",
-            (m.gate.rows.div_ceil(32) as u32, 1),
-            256,
-            0,
-        )
-        .on(if out.side { On::Side } else { On::Compute })
-        .p(m.gate.ptr())
-        .p(m.up.ptr())
-        .p(x)
-        .p(act)
-        .i(m.gate.rows)
-        .i(m.gate.cols)
-        .i(n)
-        .i(kind)
-        .go()?;
+        MlpUpAct {
+            g: m.gate.ptr(),
+            u: m.up.ptr(),
+            x,
+            out: act,
+            rows: m.gate.rows,
+            cols: m.gate.cols,
+            n,
+            act: if self.cfg.family == Family::KimiK3 {
+                Act::Situ
+            } else {
+                Act::Silu
+            },
+        }
+        .go(&self.gpu, if out.side { On::Side } else { On::Compute })?;
         self.mm_into(&m.down, act, y, n, out)
     }
 
@@ -177,14 +176,14 @@ impl CudaModel {
         batch: &mut [Pass<'_, CudaSession>],
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-        tok: u64,
-    ) -> Result<(u64, usize)> {
+        tok: DevPtr<u32>,
+    ) -> Result<(DevPtr<f32>, usize)> {
         let (n, hd, eps) = (
             batch.iter().map(|p| p.tokens.len()).sum::<usize>(),
             self.cfg.hidden,
             self.cfg.rms_norm_eps,
         );
-        let pos = tok + 4 * n as u64;
+        let pos = tok.byte_add(4 * n as u64);
         // The residual stream h lies in the slot after the anchors: a block boundary makes h an anchor by moving
         // h on to the next slot (no copy).
         let block = self.cfg.attn_res_block;
@@ -192,16 +191,17 @@ impl CudaModel {
         let anchors = a.f32s((max_anchors + 1) * n * hd)?;
         let slot = (4 * n * hd) as u64;
         let mut h = anchors;
-        Launch::new(&self.gpu, "embed_rows", (n as u32, 1), 256, 0)
-            .p(self.embed.ptr())
-            .p(tok)
-            .p(h)
-            .i(n)
-            .i(hd)
-            .go()?;
+        EmbedRows {
+            table: self.embed.ptr(),
+            tokens: tok,
+            out: h,
+            n,
+            hd,
+        }
+        .go(&self.gpu)?;
         let mut na = 0usize;
         if self.direct.is_some() && n > 1 {
-            a.groups.set(a.take(4 * self.cfg.num_layers)?);
+            a.groups.set(a.take::<i32>(4 * self.cfg.num_layers)?.addr());
         }
         let mark = a.off.get();
         // The first two streamed layers' copies start now, under the resident layers' compute.
@@ -239,7 +239,7 @@ impl CudaModel {
                     };
                     if restart {
                         na += 1;
-                        h = anchors + na as u64 * slot;
+                        h = anchors.byte_add(na as u64 * slot);
                     }
                     // q = prefix + o, kept in h (a block boundary restarts the sum: h = o).
                     let out = Mm {
@@ -262,7 +262,15 @@ impl CudaModel {
                     let norm = (layer.input_norm.ptr(), eps);
                     self.attention_batch(a, &layer.attn, h, norm, batch, pos, l, h, out)?;
                     let m = a.f32s(n * hd)?;
-                    self.rms(h, layer.post_norm.ptr(), m, n, hd, eps)?;
+                    RmsNormRows {
+                        x: h,
+                        w: layer.post_norm.ptr(),
+                        out: m,
+                        n,
+                        d: hd,
+                        eps,
+                    }
+                    .go(&self.gpu)?;
                     self.ffn(a, l, &layer.ffn, m, n, stats, held, h)?;
                 }
             }
@@ -298,13 +306,14 @@ impl CudaModel {
         }
         let m: usize = runs.iter().map(|r| r.1).sum();
         let f = match runs[..] {
-            [(start, _)] => f + start as u64 * row,
+            [(start, _)] => f.byte_add(start as u64 * row),
             _ => {
                 let g = a.f32s(m * hd)?;
                 let mut to = g;
                 for &(start, count) in &runs {
-                    self.gpu.dtod(to, f + start as u64 * row, count * 4 * hd)?;
-                    to += count as u64 * row;
+                    let from = f.byte_add(start as u64 * row);
+                    self.gpu.dtod(to.addr(), from.addr(), count * 4 * hd)?;
+                    to = to.byte_add(count as u64 * row);
                 }
                 g
             }
@@ -316,7 +325,7 @@ impl CudaModel {
         };
         let logits = self.mm_with(a, &self.lm_head, f, m, norm)?;
         if self.gpu.timeline.is_some() {
-            Launch::new(&self.gpu, "timeline_mark", (1, 1), 32, 0).go()?;
+            TimelineMark {}.go(&self.gpu)?;
         }
         Ok((logits, m * self.cfg.vocab_size))
     }
@@ -328,12 +337,12 @@ impl CudaModel {
         &self,
         a: &Arena,
         attn: &Attn,
-        x: u64,
-        norm: (u64, f32),
+        x: DevPtr<f32>,
+        norm: (DevPtr<f32>, f32),
         batch: &mut [Pass<'_, CudaSession>],
-        pos: u64,
+        pos: DevPtr<u32>,
         l: usize,
-        y: u64,
+        y: DevPtr<f32>,
         out: Mm,
     ) -> Result<()> {
         let row = (4 * self.cfg.hidden) as u64;
@@ -341,8 +350,9 @@ impl CudaModel {
         for (i, p) in batch.iter_mut().enumerate() {
             let n = p.tokens.len();
             let st = &mut p.session.layers[l];
-            let pos = pos + 4 * i as u64;
-            self.attention(a, attn, x + r0 * row, norm, n, st, pos, y + r0 * row, out)?;
+            let pos = pos.byte_add(4 * i as u64);
+            let (x, y) = (x.byte_add(r0 * row), y.byte_add(r0 * row));
+            self.attention(a, attn, x, norm, n, st, pos, y, out)?;
             r0 += n as u64;
         }
         Ok(())
@@ -379,21 +389,21 @@ impl CudaModel {
         &self,
         a: &Arena,
         attn: &Attn,
-        x: u64,
-        norm: (u64, f32),
+        x: DevPtr<f32>,
+        norm: (DevPtr<f32>, f32),
         n: usize,
         st: &State,
-        pos: u64,
-        y: u64,
+        pos: DevPtr<u32>,
+        y: DevPtr<f32>,
         out: Mm,
     ) -> Result<()> {
         match (attn, st) {
             (Attn::Kda(k), State::Kda { conv, s }) => {
-                let o = self.kda(a, k, x, norm, n, (conv.ptr, s.ptr), pos)?;
+                let o = self.kda(a, k, x, norm, n, (conv.typed(), s.typed()), pos)?;
                 self.mm_into(&k.o, o, y, n, out)
             }
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
-                let o = self.mla(a, m, x, norm, n, (lat.ptr, pe.ptr, *cap), pos)?;
+                let o = self.mla(a, m, x, norm, n, (lat.typed(), pe.typed(), *cap), pos)?;
                 self.mm_into(&m.o, o, y, n, out)
             }
             _ => unreachable!("a session's states are made by the same model's layers"),
@@ -430,12 +440,12 @@ impl CudaModel {
         &self,
         a: &Arena,
         k: &Kda,
-        x: u64,
-        norm: (u64, f32),
+        x: DevPtr<f32>,
+        norm: (DevPtr<f32>, f32),
         n: usize,
-        (conv_state, s): (u64, u64),
-        pos: u64,
-    ) -> Result<u64> {
+        (conv_state, s): (DevPtr<f32>, DevPtr<f32>),
+        pos: DevPtr<u32>,
+    ) -> Result<DevPtr<f32>> {
         let (heads, dim) = (k.heads, k.dim);
         let w = heads * dim;
         let y = self.mm_parts(
@@ -453,35 +463,30 @@ impl CudaModel {
             OutGate::Low(_, gb) => self.mm(a, gb, gate_in, n)?,
         };
         let out = a.f32s(n * w)?;
-        Launch::new(
-            &self.gpu,
-            "kda_recurrence",
-            (heads as u32, 1),
-            dim as u32,
-            kda_smem(dim) as u32,
-        )
-        .p(q)
-        .p(kk)
-        .p(v)
-        .p(g)
-        .p(beta)
-        .p(gate)
-        .p(k.dt_bias.ptr())
-        .p(k.a_log.ptr())
-        .f(-5.0) // K3's lower bound of the decay (kind 0)
-        .p(k.conv.ptr())
-        .p(conv_state)
-        .p(s)
-        .p(pos)
-        .p(k.o_norm.ptr())
-        .p(out)
-        .i(n)
-        .i(heads)
-        .i(dim)
-        .i(k.kern)
-        .i(k.kind)
-        .f(self.cfg.rms_norm_eps)
-        .go()?;
+        KdaRecurrence {
+            q,
+            k: kk,
+            v,
+            g,
+            beta,
+            gate,
+            dt_bias: k.dt_bias.ptr(),
+            a_log: k.a_log.ptr(),
+            lower: -5.0, // used by KdaKind::K3 only
+            conv_w: k.conv.ptr(),
+            conv_state,
+            s,
+            pos,
+            o_norm: k.o_norm.ptr(),
+            out,
+            n,
+            heads,
+            dim,
+            kern: k.kern,
+            kind: k.kind,
+            eps: self.cfg.rms_norm_eps,
+        }
+        .go(&self.gpu)?;
         Ok(out)
     }
 
@@ -491,12 +496,12 @@ impl CudaModel {
         &self,
         a: &Arena,
         m: &Mla,
-        x: u64,
-        norm: (u64, f32),
+        x: DevPtr<f32>,
+        norm: (DevPtr<f32>, f32),
         n: usize,
-        (lat, pe, cap): (u64, u64, usize),
-        pos: u64,
-    ) -> Result<u64> {
+        (lat, pe, cap): (DevPtr<f32>, DevPtr<f32>, usize),
+        pos: DevPtr<u32>,
+    ) -> Result<DevPtr<f32>> {
         let mut parts = vec![m.q.first(), &m.kv_a];
         parts.extend(m.gate.as_ref());
         let y = self.mm_parts(a, &m.xin, &parts, x, n, Some(norm))?;
@@ -510,45 +515,40 @@ impl CudaModel {
             }
             QPath::Direct(_) => y[0],
         };
-        let c = y[1];
-        Launch::new(&self.gpu, "mla_append", (n as u32, 1), 128, 0)
-            .p(c)
-            .p(m.kv_norm.ptr())
-            .p(lat)
-            .p(pe)
-            .p(pos)
-            .i(n)
-            .i(m.kvl)
-            .i(m.rope)
-            .f(m.eps)
-            .go()?;
+        MlaAppend {
+            c: y[1],
+            kv_norm: m.kv_norm.ptr(),
+            lat,
+            pe,
+            pos,
+            n,
+            kvl: m.kvl,
+            rope: m.rope,
+            eps: m.eps,
+        }
+        .go(&self.gpu)?;
         let p = a.f32s(n * m.heads * cap)?;
         let attn = a.f32s(n * m.heads * m.dv)?;
         let scale = 1.0 / ((m.nope + m.rope) as f32).sqrt();
-        Launch::new(
-            &self.gpu,
-            "mla_attend",
-            ((n * m.heads) as u32, 1),
-            512, // MLA_THREADS in kernels.cu
-            (2 * m.kvl * 4) as u32,
-        )
-        .p(q)
-        .p(m.kv_b.ptr())
-        .p(lat)
-        .p(pe)
-        .p(p)
-        .i(cap)
-        .p(m.gate.as_ref().map_or(0, |_| y[2]))
-        .p(attn)
-        .i(n)
-        .i(m.heads)
-        .i(m.nope)
-        .i(m.rope)
-        .i(m.dv)
-        .i(m.kvl)
-        .p(pos)
-        .f(scale)
-        .go()?;
+        MlaAttend {
+            q,
+            kv_b: m.kv_b.ptr(),
+            lat,
+            pe,
+            p_all: p,
+            ctx_cap: cap,
+            gate: m.gate.as_ref().map_or(DevPtr::NULL, |_| y[2]),
+            out: attn,
+            n,
+            heads: m.heads,
+            nope: m.nope,
+            rope: m.rope,
+            dv: m.dv,
+            kvl: m.kvl,
+            pos,
+            scale,
+        }
+        .go(&self.gpu)?;
         Ok(attn)
     }
 
@@ -559,11 +559,11 @@ impl CudaModel {
         a: &Arena,
         l: usize,
         ffn: &Ffn,
-        x: u64,
+        x: DevPtr<f32>,
         n: usize,
         stats: &Stats,
         held: &mut Vec<RecordRef<'s>>,
-        h: u64,
+        h: DevPtr<f32>,
     ) -> Result<()> {
         match ffn {
             Ffn::Dense(m) => self.mlp(
@@ -584,10 +584,10 @@ impl CudaModel {
     }
 
     /// Copies host values into the pass's scratch, asynchronously through the pass's page-locked upload area.
-    pub(super) fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<u64> {
+    pub(super) fn stage<T: Copy>(&self, a: &Arena, v: &[T]) -> Result<DevPtr<T>> {
         let src = self.put(a, v)?;
         let dst = a.take(src.len().max(4))?;
-        self.gpu.htod_async(dst, src)?;
+        self.gpu.htod_async(dst.addr(), src)?;
         Ok(dst)
     }
 

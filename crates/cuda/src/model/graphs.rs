@@ -2,7 +2,9 @@
 
 use super::cuda_model::CudaModel;
 use super::session::{Ahead, Arena, CudaSession, DecodeGraph, GraphKey};
-use crate::gpu::{Doing, Launch};
+use crate::devptr::DevPtr;
+use crate::gpu::Doing;
+use crate::kernels::DecodePick;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_models::{Backend, LogitRows, Pass, Stats};
@@ -147,7 +149,7 @@ impl CudaModel {
         &self,
         a: &Arena,
         session: &mut CudaSession,
-        hdr: u64,
+        hdr: DevPtr<u32>,
         stats: &Stats,
         key: GraphKey,
     ) -> Result<DecodeGraph> {
@@ -164,12 +166,13 @@ impl CudaModel {
         let issued = self
             .pass(a, &mut pass, stats, &mut Vec::new(), hdr)
             .and_then(|(logits, _)| {
-                Launch::new(&self.gpu, "decode_pick", (1, 1), 1024, 0)
-                    .p(logits)
-                    .i(self.cfg.vocab_size)
-                    .p(hdr)
-                    .p(self.picks.out.ptr)
-                    .go()
+                DecodePick {
+                    logits,
+                    vocab: self.cfg.vocab_size,
+                    hdr,
+                    out: self.picks.out.typed(),
+                }
+                .go(&self.gpu)
             });
         // The capture ends whatever the issue did, so the stream is usable again.
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));

@@ -1,5 +1,6 @@
 //! One sequence's device state, its decode graph, and the scratch of a pass.
 
+use crate::devptr::DevPtr;
 use crate::gpu::{DevBuf, Pinned};
 use anyhow::{bail, Result};
 use cudarc::driver::{CudaContext, CudaGraph};
@@ -104,7 +105,7 @@ pub(super) struct Arena {
 }
 
 impl Arena {
-    pub(super) fn take(&self, bytes: usize) -> Result<u64> {
+    pub(super) fn take<T>(&self, bytes: usize) -> Result<DevPtr<T>> {
         let buf = self.buf.as_ref().expect("sized at pass start");
         let at = self.off.get();
         let end = at + bytes.div_ceil(256) * 256;
@@ -115,9 +116,9 @@ impl Arena {
             );
         }
         self.off.set(end);
-        Ok(buf.ptr + at as u64)
+        Ok(DevPtr::new(buf.ptr + at as u64))
     }
-    pub(super) fn f32s(&self, n: usize) -> Result<u64> {
+    pub(super) fn f32s(&self, n: usize) -> Result<DevPtr<f32>> {
         self.take(4 * n)
     }
 }

@@ -1,7 +1,9 @@
 //! The spine on the device: where each tensor lies (`At`, `Lin`), each layer's tensors, and the layers that
 //! stream from host memory.
 
+use crate::devptr::DevPtr;
 use crate::gpu::{DevBuf, Pinned};
+use crate::kernels::KdaKind;
 use cudarc::driver::CudaEvent;
 use std::sync::{Arc, OnceLock};
 
@@ -17,8 +19,13 @@ pub(super) struct At {
 }
 
 impl At {
-    pub(super) fn ptr(&self) -> u64 {
+    fn addr(&self) -> u64 {
         self.base.get().expect("every block is placed at load") + self.off
+    }
+
+    /// A vector's address.
+    pub(super) fn ptr(&self) -> DevPtr<f32> {
+        DevPtr::new(self.addr())
     }
 }
 
@@ -29,8 +36,9 @@ pub(super) struct Lin {
 }
 
 impl Lin {
-    pub(super) fn ptr(&self) -> u64 {
-        self.at.ptr()
+    /// Its BF16 weights' address.
+    pub(super) fn ptr(&self) -> DevPtr<u16> {
+        DevPtr::new(self.at.addr())
     }
 }
 
@@ -57,8 +65,7 @@ pub(super) struct Kda {
     pub(super) heads: usize,
     pub(super) dim: usize,
     pub(super) kern: usize,
-    /// 0: K3's lower-bound sigmoid gate and clamped q/k norm; 1: Kimi Linear's softplus gate and eps-in-sqrt norm.
-    pub(super) kind: usize,
+    pub(super) kind: KdaKind,
 }
 
 pub(super) enum QPath {
@@ -150,9 +157,4 @@ pub(super) struct Streamed {
     /// it waits on that).
     pub(super) copied: [CudaEvent; 2],
     pub(super) freed: [CudaEvent; 2],
-}
-
-/// Dynamic shared memory of a `kda_recurrence` block: the head's state (dim × dim) and four vectors of dim.
-pub(super) fn kda_smem(dim: usize) -> usize {
-    (dim + 4) * dim * 4
 }

@@ -4,10 +4,9 @@
 use super::cuda_model::{CudaModel, CudaOptions, Picks};
 use super::expert_cache::{CudaCounters, ExpertCache, ExpertKernels};
 use super::session::Arena;
-use super::spine::{
-    kda_smem, At, Attn, Base, Ffn, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed,
-};
+use super::spine::{At, Attn, Base, Ffn, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed};
 use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Pinned};
+use crate::kernels::{kda_smem, KdaKind};
 use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
@@ -385,7 +384,7 @@ impl CudaModel {
                         heads,
                         dim,
                         kern,
-                        kind: if k3 { 0 } else { 1 },
+                        kind: KdaKind::of(k3),
                     }))
                 };
                 let mlp = |b: &mut Block, sub: &str, width: usize| -> Result<Mlp> {

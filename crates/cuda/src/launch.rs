@@ -1,0 +1,139 @@
+//! How a typed kernel wrapper (kernels.rs) becomes a launch: each wrapper is a struct whose fields are its
+//! kernel's parameters, by name and in order; each field's type knows the C type it stands for and how it is
+//! passed ([`Param`]), and the fields go to the untyped [`Launch`] in declaration order.
+
+use crate::devptr::DevPtr;
+use crate::gpu::{Gpu, Launch};
+
+/// A kernel parameter's Rust type: how its value is passed, and (for the signature test) the C type it is
+/// declared as in kernels.cu (`const` dropped).
+pub(crate) trait Param {
+    #[cfg(test)]
+    const C: &'static str;
+    fn pass(self, l: Launch<'_>) -> Launch<'_>;
+}
+
+/// An element type of device memory (and the C type of a pointer to it).
+pub(crate) trait Elem {
+    #[cfg(test)]
+    const PTR: &'static str;
+}
+
+impl Elem for f32 {
+    #[cfg(test)]
+    const PTR: &'static str = "float*";
+}
+impl Elem for u16 {
+    #[cfg(test)]
+    const PTR: &'static str = "u16*";
+}
+impl Elem for u32 {
+    #[cfg(test)]
+    const PTR: &'static str = "u32*";
+}
+impl Elem for i32 {
+    #[cfg(test)]
+    const PTR: &'static str = "int*";
+}
+impl Elem for u64 {
+    #[cfg(test)]
+    const PTR: &'static str = "u64*";
+}
+impl Elem for u8 {
+    #[cfg(test)]
+    const PTR: &'static str = "u8*";
+}
+
+impl<T: Elem> Param for DevPtr<T> {
+    #[cfg(test)]
+    const C: &'static str = T::PTR;
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.p(self.addr())
+    }
+}
+
+/// Sizes and counts, passed as C `int` (checked to fit).
+impl Param for usize {
+    #[cfg(test)]
+    const C: &'static str = "int";
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.i(self)
+    }
+}
+
+impl Param for f32 {
+    #[cfg(test)]
+    const C: &'static str = "float";
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.f(self)
+    }
+}
+
+/// A flag the kernel takes as `int` (0 or 1).
+impl Param for bool {
+    #[cfg(test)]
+    const C: &'static str = "int";
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.i(self as usize)
+    }
+}
+
+/// An expert record's six tensor offsets, the kernels' `Parts`.
+impl Param for [u64; 6] {
+    #[cfg(test)]
+    const C: &'static str = "Parts";
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.parts(self)
+    }
+}
+
+/// A kernel's parameter list as a struct (made by [`kernel!`]).
+pub(crate) trait Kernel {
+    /// The kernels of kernels.cu that take this parameter list (one, or the variants of one kernel).
+    const NAMES: &'static [&'static str];
+    /// Each parameter's name and C type, in order.
+    #[cfg(test)]
+    const PARAMS: &'static [(&'static str, &'static str)];
+    /// Passes every parameter, in order.
+    fn pass(self, l: Launch<'_>) -> Launch<'_>;
+}
+
+/// Kernel `name` (one of `K::NAMES`) with the parameters `k`, on a grid of `grid` blocks of `block` threads with
+/// `shared` bytes of dynamic shared memory; the caller picks the stream and launches (`Launch::go`).
+pub(crate) fn launch<'a, K: Kernel>(
+    gpu: &'a Gpu,
+    name: &'static str,
+    grid: (u32, u32),
+    block: u32,
+    shared: u32,
+    k: K,
+) -> Launch<'a> {
+    debug_assert!(K::NAMES.contains(&name), "{name} takes other parameters");
+    k.pass(Launch::new(gpu, name, grid, block, shared))
+}
+
+/// A kernel wrapper: `Name = ["kernel", …] { field: Type, … }` makes `pub(crate) struct Name` with those fields
+/// and its [`Kernel`] impl, the fields passed in the order written (which must be the kernel's).
+macro_rules! kernel {
+    ($(#[$doc:meta])* $name:ident = [$($kernel:literal),+] {
+        $($(#[$fdoc:meta])* $field:ident: $ty:ty,)*
+    }) => {
+        $(#[$doc])*
+        pub(crate) struct $name {
+            $($(#[$fdoc])* pub(crate) $field: $ty,)*
+        }
+
+        impl $crate::launch::Kernel for $name {
+            const NAMES: &'static [&'static str] = &[$($kernel),+];
+            #[cfg(test)]
+            const PARAMS: &'static [(&'static str, &'static str)] =
+                &[$((stringify!($field), <$ty as $crate::launch::Param>::C)),*];
+            #[allow(unused_variables)] // a kernel without parameters
+            fn pass(self, l: $crate::gpu::Launch<'_>) -> $crate::gpu::Launch<'_> {
+                $(let l = $crate::launch::Param::pass(self.$field, l);)*
+                l
+            }
+        }
+    };
+}
+pub(crate) use kernel;
