@@ -4,7 +4,7 @@ use super::cuda_model::CudaModel;
 use super::session::{header, CudaSession, State};
 use super::spine::Attn;
 use crate::gpu::{DevBuf, Doing};
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use deltafin_formats::config::ModelConfig;
 use deltafin_models::{split_rows, Backend, LogitRows, Pass, Stats};
 use deltafin_store::ExpertStore;
@@ -206,10 +206,7 @@ impl Backend for CudaModel {
                 })
             })
             .collect::<Result<_>>()?;
-        self.gpu
-            .stream
-            .synchronize()
-            .map_err(|e| anyhow!("copying a session: {e:?}"))?;
+        self.gpu.stream.synchronize().doing("copying a session")?;
         Ok(CudaSession {
             layers,
             pos: session.pos,

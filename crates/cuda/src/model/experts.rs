@@ -9,7 +9,7 @@ use crate::devptr::DevPtr;
 use crate::gpu::{par_copy, Doing};
 use crate::kernels::{ExpertDown, ExpertUp, MoeCombine, MoeGroup, MoeRoute, MxRepack};
 use crate::plan::plan_waves;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use cudarc::driver::{result as cu, CudaEvent};
 use deltafin_models::Stats;
 use deltafin_store::RecordRef;
@@ -291,28 +291,28 @@ impl CudaModel {
                 // SAFETY: the slot holds slot_len >= len bytes; the record stays pinned in the store (held)
                 // until the copy has completed.
                 unsafe { cu::memcpy_htod_async(dst, rec.bytes(), self.gpu.copy.cu_stream()) }
-                    .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                    .doing("copying an expert to the GPU")?;
                 held.push(rec);
                 // Held records pin store slots that this fetch may need for records still to load.
                 if held.len() >= self.held_cap {
                     self.gpu
                         .copy
                         .synchronize()
-                        .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                        .doing("waiting for experts' copies to the GPU")?;
                     held.clear();
                 }
             } else {
                 let k = cache.ring.take();
                 let (pinned, ev) = &mut cache.staging[k];
                 ev.synchronize()
-                    .map_err(|e| anyhow!("staging copy failed: {e:?}"))?;
+                    .doing("waiting for a staging buffer's copy to the GPU")?;
                 par_copy(pinned.as_mut_slice(), rec.bytes());
                 drop(rec);
                 // SAFETY: the slot holds slot_len >= len bytes; the pinned buffer is not rewritten before `ev`.
                 unsafe {
                     cu::memcpy_htod_async(dst, &pinned.as_slice()[..len], self.gpu.copy.cu_stream())
                 }
-                .map_err(|e| anyhow!("copying an expert to the GPU: {e:?}"))?;
+                .doing("copying an expert to the GPU")?;
                 ev.record(&self.gpu.copy)
                     .doing("recording an expert's copy")?;
             }
@@ -374,12 +374,12 @@ impl CudaModel {
             self.gpu
                 .copy
                 .synchronize()
-                .map_err(|e| anyhow!("copying experts to the GPU: {e:?}"))?;
+                .doing("copying experts to the GPU")?;
         }
         self.gpu
             .prep
             .synchronize()
-            .map_err(|e| anyhow!("readying experts on the GPU: {e:?}"))?;
+            .doing("readying experts on the GPU")?;
         cache.counters = CudaCounters::default();
         Ok(())
     }

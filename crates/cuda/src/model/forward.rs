@@ -11,7 +11,7 @@ use crate::kernels::{
     RmsNormRows, TimelineMark,
 };
 use crate::plan::{matmul_ring_bytes, matmul_tile};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use cudarc::driver::result as cu;
 use deltafin_formats::config::Family;
 use deltafin_models::{Pass, Stats};
@@ -374,7 +374,7 @@ impl CudaModel {
                 copy.cu_stream(),
             )
         }
-        .map_err(|e| anyhow!("copying spine layer {} to the GPU: {e:?}", st.images[j].0))?;
+        .doing_with(|| format!("copying spine layer {} to the GPU", st.images[j].0))?;
         st.copied[j % 2]
             .record(copy)
             .doing("recording a spine layer's copy")?;

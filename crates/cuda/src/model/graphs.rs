@@ -72,9 +72,7 @@ impl CudaModel {
         // This step's results.
         let par = pos & 1;
         let pk = &self.picks;
-        pk.done[par]
-            .synchronize()
-            .map_err(|e| anyhow!("a decode step failed: {e:?}"))?;
+        pk.done[par].synchronize().doing("running a decode step")?;
         let ms = pk.span[par][0]
             .elapsed_ms(&pk.span[par][1])
             .doing("timing a decode step")?;
@@ -122,9 +120,7 @@ impl CudaModel {
         let pk = &self.picks;
         let v = self.cfg.vocab_size;
         self.gpu.record(&pk.span[par][0])?;
-        g.graph
-            .launch()
-            .map_err(|e| anyhow!("launching a decode step: {e:?}"))?;
+        g.graph.launch().doing("launching a decode step")?;
         self.gpu.record(&pk.span[par][1])?;
         let copy = &self.gpu.copy;
         copy.wait(&pk.span[par][1])
@@ -136,7 +132,7 @@ impl CudaModel {
             let dst = std::slice::from_raw_parts_mut(pk.host.ptr.add(par * bytes), bytes);
             cu::memcpy_dtoh_async(dst, pk.out.ptr + (par * bytes) as u64, copy.cu_stream())
         }
-        .map_err(|e| anyhow!("copying a decode step's logits back: {e:?}"))?;
+        .doing("copying a decode step's logits back")?;
         pk.done[par]
             .record(copy)
             .doing("recording the logits copy")?;
@@ -157,7 +153,7 @@ impl CudaModel {
         let staged = a.host_off.get();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?;
+            .doing("capturing a decode step")?;
         let mut pass = [Pass {
             session,
             tokens: &[0],
@@ -182,7 +178,7 @@ impl CudaModel {
             bail!("internal: a decode step uploads more than its header");
         }
         let graph = graph
-            .map_err(|e| anyhow!("capturing a decode step: {e:?}"))?
+            .doing("capturing a decode step")?
             .ok_or_else(|| anyhow!("capturing a decode step: the graph is empty"))?;
         Ok(DecodeGraph {
             graph,
