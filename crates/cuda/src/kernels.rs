@@ -3,8 +3,8 @@
 //! A test checks every wrapper against the kernel's signature in kernels.cu.
 
 use crate::devptr::DevPtr;
-use crate::gpu::{Gpu, Launch, On};
-use crate::launch::{kernel, launch, Param};
+use crate::gpu::{Gpu, On};
+use crate::launch::{int_param, kernel, launch, Kernel};
 use crate::plan::matmul_ring_bytes;
 use anyhow::Result;
 
@@ -36,22 +36,7 @@ impl KdaKind {
     }
 }
 
-/// Both are passed as the kernels' `int`.
-impl Param for Act {
-    #[cfg(test)]
-    const C: &'static str = "int";
-    fn pass(self, l: Launch<'_>) -> Launch<'_> {
-        l.i(self as usize)
-    }
-}
-
-impl Param for KdaKind {
-    #[cfg(test)]
-    const C: &'static str = "int";
-    fn pass(self, l: Launch<'_>) -> Launch<'_> {
-        l.i(self as usize)
-    }
-}
+int_param!(Act, KdaKind);
 
 /// The expert kernels for a record's encoding and the x rows they take a pass over an expert's weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,20 +135,14 @@ impl MlpUpAct {
 }
 
 kernel! {
-    /// Each row's token's embedding.
+    /// Each row's token's embedding: a block a row (so for the per-row kernels below).
     EmbedRows = ["embed_rows"] {
         table: DevPtr<u16>,
         tokens: DevPtr<u32>,
         out: DevPtr<f32>,
         n: usize,
         hd: usize,
-    }
-}
-
-impl EmbedRows {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "embed_rows", (self.n as u32, 1), 256, 0, self).go()
-    }
+    } grid (n as u32, 1), block 256, smem 0
 }
 
 kernel! {
@@ -175,13 +154,7 @@ kernel! {
         n: usize,
         d: usize,
         eps: f32,
-    }
-}
-
-impl RmsNormRows {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "rms_norm_rows", (self.n as u32, 1), 256, 0, self).go()
-    }
+    } grid (n as u32, 1), block 256, smem 0
 }
 
 kernel! {
@@ -196,18 +169,12 @@ kernel! {
         hd: usize,
         eps: f32,
         norm_w: DevPtr<f32>,
-    }
-}
-
-impl AttnResMix {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "attn_res_mix", (self.n as u32, 1), 256, 0, self).go()
-    }
+    } grid (n as u32, 1), block 256, smem 0
 }
 
 kernel! {
-    /// KDA's convolution, gates and delta rule over the rows in order, one block a head; `conv_state` and `s`
-    /// hold the session's two copies of each.
+    /// KDA's convolution, gates and delta rule over the rows in order, one block a head of a thread per element
+    /// (shared memory: `kda_smem`); `conv_state` and `s` hold the session's two copies of each.
     KdaRecurrence = ["kda_recurrence"] {
         q: DevPtr<f32>,
         k: DevPtr<f32>,
@@ -231,23 +198,7 @@ kernel! {
         kern: usize,
         kind: KdaKind,
         eps: f32,
-    }
-}
-
-impl KdaRecurrence {
-    /// A thread per element of the head's dimension; shared memory: `kda_smem`.
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        let (grid, dim) = ((self.heads as u32, 1), self.dim);
-        launch(
-            gpu,
-            "kda_recurrence",
-            grid,
-            dim as u32,
-            kda_smem(dim) as u32,
-            self,
-        )
-        .go()
-    }
+    } grid (heads as u32, 1), block dim as u32, smem kda_smem(dim) as u32
 }
 
 kernel! {
@@ -262,17 +213,12 @@ kernel! {
         kvl: usize,
         rope: usize,
         eps: f32,
-    }
-}
-
-impl MlaAppend {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "mla_append", (self.n as u32, 1), 128, 0, self).go()
-    }
+    } grid (n as u32, 1), block 128, smem 0
 }
 
 kernel! {
-    /// Absorbed MLA attention over the latent cache, one block a (row, head), gated where `gate` is not null.
+    /// Absorbed MLA attention over the latent cache, gated where `gate` is not null: one block a (row, head) of
+    /// MLA_THREADS (kernels.cu) threads; shared memory: q's latent and the context (2·kvl floats).
     MlaAttend = ["mla_attend"] {
         q: DevPtr<f32>,
         kv_b: DevPtr<u16>,
@@ -290,16 +236,7 @@ kernel! {
         kvl: usize,
         pos: DevPtr<u32>,
         scale: f32,
-    }
-}
-
-impl MlaAttend {
-    /// MLA_THREADS (kernels.cu) threads a block; shared memory: q's latent and the context (2·kvl floats).
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        let grid = ((self.n * self.heads) as u32, 1);
-        let smem = (2 * self.kvl * 4) as u32;
-        launch(gpu, "mla_attend", grid, 512, smem, self).go()
-    }
+    } grid ((n * heads) as u32, 1), block 512, smem (2 * kvl * 4) as u32
 }
 
 kernel! {
@@ -339,17 +276,9 @@ kernel! {
 }
 
 impl ExpertUp {
-    /// `experts` experts; four warps a block on 64 intermediate rows (gate and up, two groups in turn); `smem`:
-    /// the variant's staging of x.
-    pub(crate) fn go(
-        self,
-        gpu: &Gpu,
-        variant: ExpertVariant,
-        experts: usize,
-        smem: usize,
-    ) -> Result<()> {
-        let grid = (self.inter.div_ceil(64) as u32, experts as u32);
-        launch(gpu, variant.up(), grid, 128, smem as u32, self).go()
+    /// A block on 64 intermediate rows (gate and up, two groups in turn).
+    pub(crate) fn go(self, gpu: &Gpu, run: ExpertRun, smem: usize) -> Result<()> {
+        run.launch(gpu, run.variant.up(), self.inter, smem, self)
     }
 }
 
@@ -367,16 +296,32 @@ kernel! {
 }
 
 impl ExpertDown {
-    /// As `ExpertUp::go`: four warps a block on 64 output rows.
-    pub(crate) fn go(
+    /// A block on 64 output rows.
+    pub(crate) fn go(self, gpu: &Gpu, run: ExpertRun, smem: usize) -> Result<()> {
+        run.launch(gpu, run.variant.down(), self.width, smem, self)
+    }
+}
+
+/// `count` experts (the grid's y) through the expert kernels of `variant`.
+#[derive(Clone, Copy)]
+pub(crate) struct ExpertRun {
+    pub(crate) variant: ExpertVariant,
+    pub(crate) count: usize,
+}
+
+impl ExpertRun {
+    /// Four warps a block, a block per 64 of the kernel's `rows` of output and expert; `smem`: the variant's
+    /// staging of x.
+    fn launch<K: Kernel>(
         self,
         gpu: &Gpu,
-        variant: ExpertVariant,
-        experts: usize,
+        name: &'static str,
+        rows: usize,
         smem: usize,
+        k: K,
     ) -> Result<()> {
-        let grid = (self.width.div_ceil(64) as u32, experts as u32);
-        launch(gpu, variant.down(), grid, 128, smem as u32, self).go()
+        let grid = (rows.div_ceil(64) as u32, self.count as u32);
+        launch(gpu, name, grid, 128, smem as u32, k).go()
     }
 }
 
@@ -390,19 +335,13 @@ kernel! {
         n: usize,
         topk: usize,
         width: usize,
-    }
-}
-
-impl MoeCombine {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        let grid = (self.n as u32, self.width.div_ceil(256) as u32);
-        launch(gpu, "moe_combine", grid, 256, 0, self).go()
-    }
+    } grid (n as u32, width.div_ceil(256) as u32), block 256, smem 0
 }
 
 kernel! {
     /// Groups the rows' chosen experts by expert on the device (every expert resident): each group's record,
-    /// row offsets and rows, the combine's entries, and the count of groups.
+    /// row offsets and rows, the combine's entries, and the count of groups. One block; shared memory: a
+    /// counter per expert.
     MoeGroup = ["moe_group"] {
         ids: DevPtr<i32>,
         n: usize,
@@ -415,15 +354,7 @@ kernel! {
         rows: DevPtr<i32>,
         entry: DevPtr<i32>,
         count: DevPtr<i32>,
-    }
-}
-
-impl MoeGroup {
-    /// One block; shared memory: a counter per expert.
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        let smem = (4 * self.e) as u32;
-        launch(gpu, "moe_group", (1, 1), 256, smem, self).go()
-    }
+    } grid (1, 1), block 256, smem (4 * e) as u32
 }
 
 kernel! {
@@ -459,24 +390,12 @@ kernel! {
         vocab: usize,
         hdr: DevPtr<u32>,
         out: DevPtr<f32>,
-    }
-}
-
-impl DecodePick {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "decode_pick", (1, 1), 1024, 0, self).go()
-    }
+    } grid (1, 1), block 1024, smem 0
 }
 
 kernel! {
     /// `run --timeline`: a note after a pass's last kernel.
-    TimelineMark = ["timeline_mark"] {}
-}
-
-impl TimelineMark {
-    pub(crate) fn go(self, gpu: &Gpu) -> Result<()> {
-        launch(gpu, "timeline_mark", (1, 1), 32, 0, self).go()
-    }
+    TimelineMark = ["timeline_mark"] {} grid (1, 1), block 32, smem 0
 }
 
 #[cfg(test)]

@@ -19,30 +19,16 @@ pub(crate) trait Elem {
     const PTR: &'static str;
 }
 
-impl Elem for f32 {
-    #[cfg(test)]
-    const PTR: &'static str = "float*";
+/// `elem!(rust => "c", …)`: each Rust element type and the C type of a pointer to it.
+macro_rules! elem {
+    ($($t:ty => $c:literal),*) => {
+        $(impl Elem for $t {
+            #[cfg(test)]
+            const PTR: &'static str = $c;
+        })*
+    };
 }
-impl Elem for u16 {
-    #[cfg(test)]
-    const PTR: &'static str = "u16*";
-}
-impl Elem for u32 {
-    #[cfg(test)]
-    const PTR: &'static str = "u32*";
-}
-impl Elem for i32 {
-    #[cfg(test)]
-    const PTR: &'static str = "int*";
-}
-impl Elem for u64 {
-    #[cfg(test)]
-    const PTR: &'static str = "u64*";
-}
-impl Elem for u8 {
-    #[cfg(test)]
-    const PTR: &'static str = "u8*";
-}
+elem!(f32 => "float*", u16 => "u16*", u32 => "u32*", i32 => "int*", u64 => "u64*", u8 => "u8*");
 
 impl<T: Elem> Param for DevPtr<T> {
     #[cfg(test)]
@@ -69,14 +55,21 @@ impl Param for f32 {
     }
 }
 
-/// A flag the kernel takes as `int` (0 or 1).
-impl Param for bool {
-    #[cfg(test)]
-    const C: &'static str = "int";
-    fn pass(self, l: Launch<'_>) -> Launch<'_> {
-        l.i(self as usize)
-    }
+/// `int_param!(T, …)`: types the kernels take as `int`, passed as their value (a flag's 0 or 1, an enum's
+/// discriminant).
+macro_rules! int_param {
+    ($($t:ty),*) => {
+        $(impl $crate::launch::Param for $t {
+            #[cfg(test)]
+            const C: &'static str = "int";
+            fn pass(self, l: $crate::gpu::Launch<'_>) -> $crate::gpu::Launch<'_> {
+                l.i(self as usize)
+            }
+        })*
+    };
 }
+pub(crate) use int_param;
+int_param!(bool);
 
 /// An expert record's six tensor offsets, the kernels' `Parts`.
 impl Param for [u64; 6] {
@@ -113,8 +106,25 @@ pub(crate) fn launch<'a, K: Kernel>(
 }
 
 /// A kernel wrapper: `Name = ["kernel", …] { field: Type, … }` makes `pub(crate) struct Name` with those fields
-/// and its [`Kernel`] impl, the fields passed in the order written (which must be the kernel's).
+/// and its [`Kernel`] impl, the fields passed in the order written (which must be the kernel's). Followed by
+/// `grid G, block B, smem S` (expressions of the fields), it also makes `Name::go(self, gpu)`, which launches
+/// the kernel on the compute stream with that shape.
 macro_rules! kernel {
+    ($(#[$doc:meta])* $name:ident = [$kernel:literal] {
+        $($(#[$fdoc:meta])* $field:ident: $ty:ty,)*
+    } grid $grid:expr, block $block:expr, smem $smem:expr) => {
+        $crate::launch::kernel! {
+            $(#[$doc])* $name = [$kernel] { $($(#[$fdoc])* $field: $ty,)* }
+        }
+
+        impl $name {
+            #[allow(unused_variables)] // the fields the shape does not use
+            pub(crate) fn go(self, gpu: &$crate::gpu::Gpu) -> anyhow::Result<()> {
+                let &$name { $($field),* } = &self;
+                $crate::launch::launch(gpu, $kernel, $grid, $block, $smem, self).go()
+            }
+        }
+    };
     ($(#[$doc:meta])* $name:ident = [$($kernel:literal),+] {
         $($(#[$fdoc:meta])* $field:ident: $ty:ty,)*
     }) => {
@@ -128,7 +138,6 @@ macro_rules! kernel {
             #[cfg(test)]
             const PARAMS: &'static [(&'static str, &'static str)] =
                 &[$((stringify!($field), <$ty as $crate::launch::Param>::C)),*];
-            #[allow(unused_variables)] // a kernel without parameters
             fn pass(self, l: $crate::gpu::Launch<'_>) -> $crate::gpu::Launch<'_> {
                 $(let l = $crate::launch::Param::pass(self.$field, l);)*
                 l

@@ -113,6 +113,18 @@ pub(super) struct ExpertCache {
     pub(super) counters: CudaCounters,
 }
 
+impl ExpertCache {
+    /// The VRAM address of slot `s`.
+    pub(super) fn slot(&self, s: usize) -> u64 {
+        self.slots.ptr + (s * self.slot_len) as u64
+    }
+
+    /// Each `(union index, slot)` of a wave with its slot's address.
+    pub(super) fn placed(&self, list: &[(usize, usize)]) -> Vec<(usize, u64)> {
+        list.iter().map(|&(u, s)| (u, self.slot(s))).collect()
+    }
+}
+
 /// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
 /// fixed tables for one row of top_k entries (row offsets 0..=top_k, which are also the combine's entries, and
 /// the row index 0 of every entry).

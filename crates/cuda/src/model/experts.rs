@@ -7,7 +7,7 @@ use super::session::Arena;
 use super::spine::Moe;
 use crate::devptr::DevPtr;
 use crate::gpu::{par_copy, Doing};
-use crate::kernels::{ExpertDown, ExpertUp, MoeCombine, MoeGroup, MoeRoute, MxRepack};
+use crate::kernels::{ExpertDown, ExpertRun, ExpertUp, MoeCombine, MoeGroup, MoeRoute, MxRepack};
 use crate::plan::plan_waves;
 use anyhow::{Context, Result};
 use cudarc::driver::{result as cu, CudaEvent};
@@ -213,15 +213,9 @@ impl CudaModel {
         let total = next;
         let act = a.f32s(total * lay.inter)?;
         let y = a.f32s(total * lay.width)?;
-        let slot_ptr = |c: &ExpertCache, s: usize| c.slots.ptr + (s * c.slot_len) as u64;
         for (wi, w) in waves.iter().enumerate() {
             // Resident experts run at once (overlapping the copies below on the other stream).
-            let hits: Vec<(usize, u64)> = w
-                .hits
-                .iter()
-                .map(|&(u, s)| (u, slot_ptr(&cache, s)))
-                .collect();
-            self.launch_group(a, &hits, &rows_of, &entry_of, z, act, y)?;
+            self.launch_group(a, &cache.placed(&w.hits), &rows_of, &entry_of, z, act, y)?;
             if w.misses.is_empty() {
                 continue;
             }
@@ -234,20 +228,12 @@ impl CudaModel {
                     .wait(&done)
                     .doing("ordering expert copies after the previous wave")?;
             }
-            let todo: Vec<(usize, u64)> = w
-                .misses
-                .iter()
-                .map(|&(u, s)| (union[u], slot_ptr(&cache, s)))
-                .collect();
+            let misses = cache.placed(&w.misses);
+            let todo: Vec<(usize, u64)> = misses.iter().map(|&(u, at)| (union[u], at)).collect();
             self.copy_in(&mut cache, layer, &todo, held)?;
             cache.counters.stage_secs += t0.elapsed().as_secs_f64();
             let copied = self.copies_done()?;
             self.gpu.wait(&copied)?;
-            let misses: Vec<(usize, u64)> = w
-                .misses
-                .iter()
-                .map(|&(u, s)| (u, slot_ptr(&cache, s)))
-                .collect();
             self.launch_group(a, &misses, &rows_of, &entry_of, z, act, y)?;
         }
         let hits: u64 = waves.iter().map(|w| w.hits.len() as u64).sum();
@@ -367,7 +353,7 @@ impl CudaModel {
                 let todo: Vec<(usize, u64)> = w
                     .misses
                     .iter()
-                    .map(|&(u, s)| (ids[u], cache.slots.ptr + (s * cache.slot_len) as u64))
+                    .map(|&(u, s)| (ids[u], cache.slot(s)))
                     .collect();
                 self.copy_in(&mut cache, layer, &todo, &mut held)?;
             }
@@ -395,7 +381,7 @@ impl CudaModel {
                     .plan
                     .lookup((layer, id))
                     .context("internal: a preloaded expert has no slot")?;
-                table[layer * e + id] = cache.slots.ptr + (s * cache.slot_len) as u64;
+                table[layer * e + id] = cache.slot(s);
             }
         }
         cache.plan.unpin_all();
@@ -487,6 +473,7 @@ impl CudaModel {
     ) -> Result<()> {
         let lay = &self.layout;
         let variant = lay.variant(per_pass);
+        let run = ExpertRun { variant, count: g };
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
         // groups in turn) in expert_up, 64 output rows in expert_down.
         ExpertUp {
@@ -500,7 +487,7 @@ impl CudaModel {
             act: variant.act(),
             parts: lay.offsets(),
         }
-        .go(&self.gpu, variant, g, lay.expert_smem(lay.width, per_pass))?;
+        .go(&self.gpu, run, lay.expert_smem(lay.width, per_pass))?;
         ExpertDown {
             slots,
             row_off,
@@ -510,6 +497,6 @@ impl CudaModel {
             inter: lay.inter,
             parts: lay.offsets(),
         }
-        .go(&self.gpu, variant, g, lay.expert_smem(lay.inter, per_pass))
+        .go(&self.gpu, run, lay.expert_smem(lay.inter, per_pass))
     }
 }
