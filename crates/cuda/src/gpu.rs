@@ -2,9 +2,10 @@
 //! buffers. Buffers are plain `cuMemAlloc` allocations addressed by pointer; ordering between the two streams
 //! is explicit (events), so cudarc's per-slice event tracking is not used.
 
+use crate::devptr::DevPtr;
 use crate::timeline::Timeline;
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::result as cu;
+use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, LaunchConfig,
 };
@@ -16,11 +17,25 @@ use std::sync::{Arc, Mutex};
 /// A driver call's result as an error that says what was being done (the driver's code alone does not).
 pub(crate) trait Doing<T> {
     fn doing(self, what: &str) -> Result<T>;
+    /// As `doing`, the description formatted only on error (for calls on the hot path).
+    fn doing_with(self, what: impl FnOnce() -> String) -> Result<T>;
 }
 
-impl<T, E: std::fmt::Debug> Doing<T> for std::result::Result<T, E> {
+impl<T> Doing<T> for std::result::Result<T, DriverError> {
     fn doing(self, what: &str) -> Result<T> {
-        self.map_err(|e| anyhow!("CUDA driver error {what}: {e:?}"))
+        self.doing_with(|| what.to_string())
+    }
+
+    fn doing_with(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| anyhow!("CUDA driver error {}: {}", what(), explain(&e)))
+    }
+}
+
+/// The driver's error code and its description, e.g. `CUDA_ERROR_OUT_OF_MEMORY (out of memory)`.
+fn explain(e: &DriverError) -> String {
+    match e.error_string() {
+        Ok(s) => format!("{:?} ({})", e.0, s.to_string_lossy()),
+        Err(_) => format!("{:?}", e.0),
     }
 }
 
@@ -74,8 +89,12 @@ pub fn availability() -> Result<usize> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         bail!("CUDA is unavailable: the NVRTC library (libnvrtc.so.13 or .12) was not found; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and add its lib directory to LD_LIBRARY_PATH");
     }
-    let n = CudaContext::device_count()
-        .map_err(|e| anyhow!("CUDA is unavailable: the driver reports {e:?} (no usable GPU?)"))?;
+    let n = CudaContext::device_count().map_err(|e| {
+        anyhow!(
+            "CUDA is unavailable: the driver reports {} (no usable GPU?)",
+            explain(&e)
+        )
+    })?;
     if n <= 0 {
         bail!("CUDA is unavailable: the driver sees no GPU");
     }
@@ -102,7 +121,7 @@ pub fn describe() -> Result<Vec<String>> {
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     (0..availability()?)
         .map(|i| {
-            let ctx = CudaContext::new(i).map_err(|e| anyhow!("cannot open GPU {i}: {e:?}"))?;
+            let ctx = CudaContext::new(i).doing_with(|| format!("opening GPU cuda:{i}"))?;
             let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
             let (major, minor) = ctx
                 .compute_capability()
@@ -148,7 +167,7 @@ pub fn compile(arch: Option<&'static str>, timeline: bool) -> Result<Ptx> {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             anyhow!("NVRTC rejected the kernels:\n{}", log.to_string_lossy())
         }
-        other => anyhow!("NVRTC failed: {other:?}"),
+        other => anyhow!("NVRTC failed to compile the kernels: {other}"),
     })
 }
 
@@ -185,8 +204,7 @@ impl Gpu {
                 count - 1
             );
         }
-        let ctx =
-            CudaContext::new(ordinal).map_err(|e| anyhow!("cannot open GPU {ordinal}: {e:?}"))?;
+        let ctx = CudaContext::new(ordinal).doing_with(|| format!("opening GPU cuda:{ordinal}"))?;
         // Ordering between the compute and copy streams is explicit (events), and buffers are raw pointers.
         // SAFETY: no CudaSlice is shared between streams in this crate.
         unsafe { ctx.disable_event_tracking() };
@@ -197,15 +215,13 @@ impl Gpu {
         check_capability(&name, sm)?;
         let arch: &'static str = Box::leak(format!("compute_{}{}", sm.0, sm.1).into_boxed_str());
         let ptx = compile(Some(arch), timeline).context("compiling the CUDA kernels")?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| anyhow!("loading the compiled kernels: {e:?}"))?;
+        let module = ctx.load_module(ptx).doing("loading the compiled kernels")?;
         let stream = ctx.new_stream().doing("creating the compute stream")?;
         let timeline = if timeline {
             let global = |name: &str| -> Result<(u64, usize)> {
                 let v = module
                     .get_global(name, &stream)
-                    .map_err(|e| anyhow!("the timeline's {name}: {e:?}"))?;
+                    .doing_with(|| format!("finding the timeline's {name} in the kernels"))?;
                 let (ptr, _read) = v.device_ptr(&stream);
                 Ok((ptr, v.len()))
             };
@@ -226,17 +242,17 @@ impl Gpu {
         for &k in KERNEL_NAMES {
             let f = module
                 .load_function(k)
-                .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+                .doing_with(|| format!("loading kernel {k}"))?;
             if DYNAMIC_SMEM.contains(&k) {
                 // Static and dynamic shared memory together stay within the block's limit.
                 let fixed = f
                     .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                    .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+                    .doing_with(|| format!("reading kernel {k}'s static shared memory"))?;
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     smem_max - fixed,
                 )
-                .map_err(|e| anyhow!("kernel {k}: {e:?}"))?;
+                .doing_with(|| format!("raising kernel {k}'s dynamic shared memory limit"))?;
                 dynamic_smem.insert(k, (smem_max - fixed) as usize);
             }
             funcs.insert(k, f);
@@ -300,7 +316,7 @@ impl Gpu {
             .doing("binding the GPU context to this thread")?;
         // SAFETY: a plain allocation, freed in Drop.
         let ptr = unsafe { cu::malloc_sync(bytes.max(256)) }
-            .map_err(|e| anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
+            .doing_with(|| format!("allocating {bytes} bytes of GPU memory"))?;
         Ok(DevBuf {
             ptr,
             bytes,
@@ -322,7 +338,7 @@ impl Gpu {
             .bind_to_thread()
             .doing("binding the GPU context to this thread")?;
         // SAFETY: dst holds at least size_of_val(src) bytes (callers allocate it so).
-        unsafe { cu::memcpy_htod_sync(dst, src) }.map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+        unsafe { cu::memcpy_htod_sync(dst, src) }.doing("copying host memory to the GPU")
     }
 
     /// Copies on the compute stream (ordered after the kernels before it) and waits for it, through a
@@ -343,10 +359,10 @@ impl Gpu {
                 self.stream.cu_stream(),
             )
         }
-        .map_err(|e| anyhow!("device-to-host copy: {e:?}"))?;
+        .doing("copying GPU memory to the host")?;
         self.stream
             .synchronize()
-            .map_err(|e| anyhow!("a kernel failed: {e:?}"))?;
+            .doing("waiting for the GPU's kernels and copy back (a failed kernel shows here)")?;
         let mut out = vec![T::default(); len];
         // SAFETY: `bytes` bytes of plain values of T, copied byte for byte.
         unsafe {
@@ -363,13 +379,13 @@ impl Gpu {
         }
         // SAFETY: see above.
         unsafe { cu::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
-            .map_err(|e| anyhow!("host-to-device copy: {e:?}"))
+            .doing("copying host memory to the GPU")
     }
 
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         // SAFETY: both ranges are device allocations of at least `bytes`.
         unsafe { cu::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(|e| anyhow!("device copy: {e:?}"))
+            .doing("copying GPU memory on the GPU")
     }
 
     pub fn event(&self) -> Result<CudaEvent> {
@@ -380,8 +396,9 @@ impl Gpu {
 }
 
 /// Grid sizes and the kernel launch, with every argument a plain value (device pointers as u64), on the compute
-/// stream, the side stream or the prep stream.
-pub struct Launch<'a> {
+/// stream, the side stream or the prep stream: the untyped mechanism under the typed wrappers of kernels.rs,
+/// which alone build launches.
+pub(crate) struct Launch<'a> {
     gpu: &'a Gpu,
     name: &'static str,
     /// A matmul's (rows, cols), which the timeline tells apart.
@@ -393,13 +410,13 @@ pub struct Launch<'a> {
 
 /// The stream a launch goes to.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum On {
+pub(crate) enum On {
     Compute,
     Side,
     Prep,
 }
 
-pub enum Arg {
+enum Arg {
     Ptr(u64),
     I(i32),
     F(f32),
@@ -507,7 +524,8 @@ impl<'a> Launch<'a> {
             .ctx
             .bind_to_thread()
             .doing("binding the GPU context to this thread before a kernel launch")?;
-        // SAFETY: the argument lists match the kernels' signatures (each call site mirrors its kernel), and
+        // SAFETY: the argument lists match the kernels' signatures (each wrapper of kernels.rs mirrors its kernel,
+        // checked against kernels.cu by its test), and
         // `params` points into `self.args`, alive until the call returns (the driver copies the values).
         unsafe {
             sys::cuLaunchKernelEx(
@@ -518,7 +536,7 @@ impl<'a> Launch<'a> {
             )
         }
         .result()
-        .map_err(|e| anyhow!("launching {}: {e:?}", self.name))
+        .doing_with(|| format!("launching kernel {}", self.name))
     }
 }
 
@@ -530,6 +548,11 @@ pub struct DevBuf {
 }
 
 impl DevBuf {
+    /// The buffer as elements of `T`.
+    pub fn typed<T>(&self) -> DevPtr<T> {
+        DevPtr::new(self.ptr)
+    }
+
     /// Pointer to element `i` of an f32 buffer.
     pub fn f(&self, i: usize) -> u64 {
         self.ptr + 4 * i as u64
@@ -570,7 +593,7 @@ impl Pinned {
         };
         // SAFETY: allocation; freed in Drop.
         let ptr = unsafe { cu::malloc_host(bytes.max(1), flags) }
-            .map_err(|e| anyhow!("pinned host allocation of {bytes} bytes failed: {e:?}"))?;
+            .doing_with(|| format!("page-locking {bytes} bytes of host memory"))?;
         Ok(Pinned {
             ptr: ptr as *mut u8,
             bytes,

@@ -12,7 +12,10 @@
 //!   (RAM cache ← disk), copied straight from its page-locked slab on their own stream while resident experts
 //!   compute.
 
+mod devptr;
 pub mod gpu;
+mod kernels;
+mod launch;
 mod model;
 pub mod plan;
 pub mod probe;

@@ -1,0 +1,135 @@
+//! What the expert kernels need of a record, the VRAM expert cache and its counters, and the resident decode
+//! path's tables.
+
+use crate::gpu::{DevBuf, Pinned};
+use crate::kernels::{Act, ExpertVariant};
+use crate::plan::{Ring, SlotCache};
+use cudarc::driver::CudaEvent;
+use deltafin_store::record::{Encoding, ExpertRecord};
+
+/// What the CUDA expert kernels need of the shared record layout ([`ExpertRecord`], the one description of
+/// where an expert's tensors sit): which kernels read it, and the shared memory they stage it in.
+pub(super) trait ExpertKernels {
+    fn mxfp4(&self) -> bool;
+    /// The record's tensor offsets as the kernels take them (BF16 fills the first three).
+    fn offsets(&self) -> [u64; 6];
+    /// The expert kernels of this encoding that take `rows` x rows a pass over the weights (see
+    /// `rows_per_pass`).
+    fn variant(&self, rows: usize) -> ExpertVariant;
+    /// Their names (up, down) and the activation they apply.
+    fn kernels(&self, rows: usize) -> (&'static str, &'static str, Act) {
+        let v = self.variant(rows);
+        (v.up(), v.down(), v.act())
+    }
+    /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
+    /// free columns of the same tensor-core MMAs), BF16 one.
+    fn rows_per_pass(&self) -> usize;
+    /// Dynamic shared memory of an expert kernel's block that stages `rows` x rows of `len` elements: for BF16
+    /// four warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 per row the block scales'
+    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
+    fn expert_smem(&self, len: usize, rows: usize) -> usize;
+    /// Dynamic shared memory of an `mx_repack` block: one 32-row group of a tensor, 16 bytes per column of the
+    /// longer side.
+    fn repack_smem(&self) -> usize;
+}
+
+impl ExpertKernels for ExpertRecord {
+    fn mxfp4(&self) -> bool {
+        self.encoding == Encoding::Mxfp4
+    }
+
+    fn offsets(&self) -> [u64; 6] {
+        let mut at = [0u64; 6];
+        let n = if self.mxfp4() { 6 } else { 3 };
+        for (i, o) in at.iter_mut().enumerate().take(n) {
+            *o = self.part(i).0 as u64;
+        }
+        at
+    }
+
+    fn variant(&self, rows: usize) -> ExpertVariant {
+        match (self.mxfp4(), rows) {
+            (true, 1) => ExpertVariant::Mx,
+            (true, _) => ExpertVariant::Mx2,
+            (false, _) => ExpertVariant::Bf16,
+        }
+    }
+
+    fn rows_per_pass(&self) -> usize {
+        if self.mxfp4() {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn expert_smem(&self, len: usize, rows: usize) -> usize {
+        if self.mxfp4() {
+            rows * (4 * 256 + 6 * len)
+        } else {
+            4 * 2 * 32 * 9 * 16 + 4 * len
+        }
+    }
+
+    fn repack_smem(&self) -> usize {
+        16 * self.width.max(self.inter)
+    }
+}
+
+/// What the expert path did on the device (cumulative).
+#[derive(Clone, Debug, Default)]
+pub struct CudaCounters {
+    pub vram_hits: u64,
+    pub vram_misses: u64,
+    pub h2d_bytes: u64,
+    /// Bytes of streamed spine layers copied to the device.
+    pub spine_h2d_bytes: u64,
+    /// Host time spent getting records from the store and issuing their copies (including the staging memcpy
+    /// where the store's slab is not page-locked).
+    pub stage_secs: f64,
+    /// Host time passes spent issuing their work: everything before waiting for the logits. Near a step's
+    /// time, the GPU waits on the host.
+    pub issue_secs: f64,
+    /// GPU time from a pass's first piece of work to its last (events on the compute stream): the step less
+    /// this is the host's start and the logits' return.
+    pub gpu_secs: f64,
+    /// Decode steps run ahead on the device's choice that the next step took over, and those discarded (the
+    /// host chose another token, or the session was used otherwise).
+    pub ahead_taken: u64,
+    pub ahead_discarded: u64,
+}
+
+/// The VRAM expert cache: slots, their bookkeeping, and the pinned staging ring (used only when the store's
+/// slab could not be page-locked; otherwise records are copied from the slab directly).
+pub(super) struct ExpertCache {
+    pub(super) slots: DevBuf,
+    pub(super) slot_len: usize,
+    pub(super) plan: SlotCache,
+    pub(super) staging: Vec<(Pinned, CudaEvent)>,
+    pub(super) ring: Ring,
+    /// Marks each record's copy for the prep stream to wait on (a wait takes the event as it is when issued, so
+    /// one event serves every copy).
+    pub(super) copied: CudaEvent,
+    pub(super) counters: CudaCounters,
+}
+
+impl ExpertCache {
+    /// The VRAM address of slot `s`.
+    pub(super) fn slot(&self, s: usize) -> u64 {
+        self.slots.ptr + (s * self.slot_len) as u64
+    }
+
+    /// Each `(union index, slot)` of a wave with its slot's address.
+    pub(super) fn placed(&self, list: &[(usize, usize)]) -> Vec<(usize, u64)> {
+        list.iter().map(|&(u, s)| (u, self.slot(s))).collect()
+    }
+}
+
+/// Device tables of the resident decode path: each (layer, expert)'s record pointer, and the expert kernels'
+/// fixed tables for one row of top_k entries (row offsets 0..=top_k, which are also the combine's entries, and
+/// the row index 0 of every entry).
+pub(super) struct Direct {
+    pub(super) table: DevBuf,
+    pub(super) seq: DevBuf,
+    pub(super) row0: DevBuf,
+}

@@ -1,0 +1,550 @@
+//! Loading: the spine's host images (`Block`), placed in VRAM or streamed, and the expert cache, from the shared
+//! model description.
+
+use super::cuda_model::{CudaModel, CudaOptions, Picks};
+use super::expert_cache::{CudaCounters, ExpertCache, ExpertKernels};
+use super::session::Arena;
+use super::spine::{At, Attn, Base, Ffn, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed};
+use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Pinned};
+use crate::kernels::{kda_smem, KdaKind};
+use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::{result as cu, sys};
+use deltafin_formats::checkpoint::Checkpoint;
+use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_models::weights::{Linear, Loader};
+use deltafin_models::{open_expert_store, LoadOptions, ModelExperts};
+use deltafin_store::record::layer_prefix;
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// A block's image in host memory, each tensor 256-byte aligned (as a VRAM allocation of its own would be).
+struct Block {
+    bytes: Vec<u8>,
+    base: Base,
+    /// BF16 matrix bytes, all read once per token.
+    matrix_bytes: u64,
+}
+
+impl Block {
+    fn new() -> Block {
+        Block {
+            bytes: Vec::new(),
+            base: Arc::default(),
+            matrix_bytes: 0,
+        }
+    }
+
+    fn put(&mut self, data: &[u8]) -> At {
+        let off = self.bytes.len().next_multiple_of(256);
+        self.bytes.resize(off, 0);
+        self.bytes.extend_from_slice(data);
+        At {
+            base: self.base.clone(),
+            off: off as u64,
+        }
+    }
+
+    fn vector(&mut self, v: &[f32]) -> At {
+        self.put(as_bytes(v))
+    }
+
+    fn lin(&mut self, m: Linear) -> Lin {
+        let (_, mut parts) = self.fuse(vec![m]);
+        parts.pop().expect("one part")
+    }
+
+    /// Matrices that multiply the same input, back to back in the order given: a one-row pass runs them as one
+    /// matmul (`mm_parts`). Returns the fused matrix and each part. Every part's rows are whole 32-element
+    /// blocks, so each part starts 64-byte aligned.
+    fn fuse(&mut self, parts: Vec<Linear>) -> (Lin, Vec<Lin>) {
+        let cols = parts[0].cols;
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let at = self.put(&[]);
+        let mut placed = Vec::with_capacity(parts.len());
+        for p in parts {
+            assert_eq!(p.cols, cols, "fused matrices share their input");
+            self.matrix_bytes += p.bytes() as u64;
+            placed.push(Lin {
+                at: At {
+                    base: self.base.clone(),
+                    off: self.bytes.len() as u64,
+                },
+                rows: p.rows,
+                cols,
+            });
+            self.bytes.extend_from_slice(as_bytes(&p.data));
+        }
+        (Lin { at, rows, cols }, placed)
+    }
+}
+
+/// Plain values (f32, u16) as their bytes.
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: any initialised plain value is readable as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// What a CUDA model is built from, all of it taken from the shared model description: the config, the
+/// checkpoint, and the routed experts opened by [`open_expert_store`] exactly as the CPU opens them (a partial
+/// mirror fills and verifies an expert before it is read, or the load is refused with the CPU's message). It
+/// needs no GPU, so tests inspect it on any machine.
+pub struct Source {
+    pub cfg: ModelConfig,
+    pub ck: Checkpoint,
+    pub experts: ModelExperts,
+}
+
+impl Source {
+    pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let ck = Checkpoint::open(dir)?;
+        let mut load = load.clone();
+        // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
+        load.store.prefetch = false;
+        let experts = open_expert_store(dir, &ck, &cfg, &load)?;
+        Ok(Source { cfg, ck, experts })
+    }
+}
+
+fn ld_mat(ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+    // The kernels read rows in whole 32-element blocks with 16-byte loads.
+    if !cols.is_multiple_of(32) {
+        bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
+    }
+    ld.linear(name, rows, cols)
+}
+
+/// Puts the embeddings and head, and the layers that fit in `spine_vram` (`plan_spine`), in VRAM of their own;
+/// the other layers' images in page-locked host memory, with the two VRAM buffers they stream through.
+fn place_spine(
+    gpu: &Gpu,
+    head: Block,
+    blocks: Vec<Block>,
+    spine_vram: Option<u64>,
+) -> Result<(Vec<DevBuf>, Option<Streamed>)> {
+    let upload = |b: &Block| -> Result<DevBuf> {
+        let mem = gpu
+            .upload(&b.bytes)
+            .with_context(|| format!("allocating {} bytes of spine in VRAM", b.bytes.len()))?;
+        b.base.set(mem.ptr).expect("a block is placed once");
+        Ok(mem)
+    };
+    let sizes: Vec<u64> = blocks.iter().map(|b| b.bytes.len() as u64).collect();
+    let (free, _) = cu::mem_get_info().doing("reading the GPU's free memory")?;
+    let allowance = spine_vram
+        .unwrap_or_else(|| (free as u64).saturating_sub(head.bytes.len() as u64 + (4 << 30)));
+    let mut resident = vec![upload(&head)?];
+    let mut index = vec![None; blocks.len()];
+    let (mut images, mut stream) = (Vec::new(), Vec::new());
+    let mut at = 0;
+    for (l, (b, keep)) in blocks
+        .into_iter()
+        .zip(plan_spine(&sizes, allowance))
+        .enumerate()
+    {
+        if keep {
+            resident.push(upload(&b)?);
+        } else {
+            index[l] = Some(images.len());
+            images.push((l, at, b.bytes.len()));
+            at += b.bytes.len();
+            stream.push(b);
+        }
+    }
+    if stream.is_empty() {
+        return Ok((resident, None));
+    }
+    // Write-combined: the CPU only writes it (here), the copy engine reads it.
+    let mut host = Pinned::new(gpu, at, true)
+        .with_context(|| format!("page-locking {at} bytes of streamed spine layers"))?;
+    for (b, &(_, off, len)) in stream.iter().zip(&images) {
+        par_copy(&mut host.as_mut_slice()[off..off + len], &b.bytes);
+    }
+    let largest = images
+        .iter()
+        .map(|i| i.2)
+        .max()
+        .expect("some layer streams");
+    let bufs = (0..images.len().min(2))
+        .map(|_| gpu.alloc(largest))
+        .collect::<Result<Vec<_>>>()?;
+    for (j, b) in stream.iter().enumerate() {
+        b.base.set(bufs[j % 2].ptr).expect("a block is placed once");
+    }
+    Ok((
+        resident,
+        Some(Streamed {
+            host,
+            images,
+            index,
+            bufs,
+            copied: [gpu.event()?, gpu.event()?],
+            freed: [gpu.event()?, gpu.event()?],
+        }),
+    ))
+}
+
+impl CudaModel {
+    pub fn load(dir: &Path, load: &LoadOptions, opts: &CudaOptions) -> Result<CudaModel> {
+        let Source {
+            cfg,
+            ck,
+            experts:
+                ModelExperts {
+                    store,
+                    record: layout,
+                },
+        } = Source::open(dir, load)?;
+        let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
+        if values > MIX_VALUES {
+            bail!(
+                "{}: attn_res_block_size {} over {} layers makes AttnRes mixes of {values} values; the CUDA \
+                 kernels mix at most {MIX_VALUES}: run this model on the CPU",
+                dir.display(),
+                cfg.attn_res_block.unwrap_or(0),
+                cfg.num_layers
+            );
+        }
+        let gpu = Gpu::open(opts.ordinal, opts.timeline)?;
+        // Shared memory per block: the expert kernels stage their x (width elements up, inter down); mx_repack
+        // rearranges one 32-row group of a tensor.
+        let mut needs = Vec::new();
+        for rows in [1, layout.rows_per_pass()] {
+            let (up, down, _) = layout.kernels(rows);
+            needs.push((up, layout.expert_smem(layout.width, rows)));
+            needs.push((down, layout.expert_smem(layout.inter, rows)));
+        }
+        if layout.mxfp4() {
+            needs.push(("mx_repack", layout.repack_smem()));
+        }
+        for (k, need) in needs {
+            if need > gpu.dynamic_smem(k) {
+                bail!(
+                    "experts of shape {}x{} need {need} bytes of shared memory per block in {k}; this GPU offers \
+                     {}: run this model on the CPU",
+                    layout.inter,
+                    layout.width,
+                    gpu.dynamic_smem(k)
+                );
+            }
+        }
+        let prefix = layer_prefix(cfg.family);
+        let k3 = cfg.family == Family::KimiK3;
+        let root = Loader::new(&ck, prefix);
+        let h = cfg.hidden;
+        // Each layer's tensors are laid out in a host image first: where it goes (VRAM of its own, or a
+        // streaming buffer) depends on every layer's size.
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut blocks = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let ld = root.sub(&format!("layers.{l}."));
+            let mut b = Block::new();
+            let mat = |name: &str, rows: usize, cols: usize| ld_mat(&ld, name, rows, cols);
+            let layer = (|| -> Result<Layer> {
+                let b = &mut b;
+                let vecf = |b: &mut Block, name: &str, shape: &[usize]| -> Result<At> {
+                    Ok(b.vector(&ld.vector(name, shape)?))
+                };
+                let res = |b: &mut Block, n: &str, p: &str| -> Result<Option<At>> {
+                    if k3 {
+                        Ok(Some(b.vector(&ld.res_score(n, p, h)?)))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let attn_res = res(
+                    b,
+                    "self_attention_res_norm.weight",
+                    "self_attention_res_proj.weight",
+                )?;
+                let mlp_res = res(b, "mlp_res_norm.weight", "mlp_res_proj.weight")?;
+                let attn = if cfg.is_mla[l] {
+                    let m = &cfg.mla;
+                    let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                    if m.kv_lora_rank % 32 != 0 {
+                        bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
+                    }
+                    let mut parts = vec![
+                        match m.q_lora_rank {
+                            Some(r) => mat("self_attn.q_a_proj.weight", r, h)?,
+                            None => mat("self_attn.q_proj.weight", m.heads * qd, h)?,
+                        },
+                        mat(
+                            "self_attn.kv_a_proj_with_mqa.weight",
+                            m.kv_lora_rank + m.qk_rope_head_dim,
+                            h,
+                        )?,
+                    ];
+                    if k3 {
+                        parts.push(mat("self_attn.g_proj.weight", m.heads * m.v_head_dim, h)?);
+                    }
+                    let (xin, parts) = b.fuse(parts);
+                    let mut parts = parts.into_iter();
+                    let (q_in, kv_a, gate) = (
+                        parts.next().expect("q"),
+                        parts.next().expect("kv_a"),
+                        parts.next(),
+                    );
+                    let q = match m.q_lora_rank {
+                        Some(r) => QPath::Low {
+                            a: q_in,
+                            norm: vecf(b, "self_attn.q_a_layernorm.weight", &[r])?,
+                            b: b.lin(mat("self_attn.q_b_proj.weight", m.heads * qd, r)?),
+                        },
+                        None => QPath::Direct(q_in),
+                    };
+                    Attn::Mla(Box::new(Mla {
+                        xin,
+                        q,
+                        kv_a,
+                        kv_norm: vecf(b, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
+                        kv_b: b.lin(mat(
+                            "self_attn.kv_b_proj.weight",
+                            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+                            m.kv_lora_rank,
+                        )?),
+                        gate,
+                        o: b.lin(mat("self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?),
+                        heads: m.heads,
+                        nope: m.qk_nope_head_dim,
+                        rope: m.qk_rope_head_dim,
+                        dv: m.v_head_dim,
+                        kvl: m.kv_lora_rank,
+                        eps: m.latent_norm_eps,
+                    }))
+                } else {
+                    let (heads, dim, kern) = (cfg.kda.heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
+                    if dim % 32 != 0 || dim > 1024 || kern == 0 {
+                        bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
+                    }
+                    // The recurrence holds a head's state and four of its vectors in shared memory.
+                    let smem = kda_smem(dim);
+                    if smem > gpu.dynamic_smem("kda_recurrence") {
+                        bail!(
+                            "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU \
+                             offers {}: run this model on the CPU",
+                            gpu.dynamic_smem("kda_recurrence")
+                        );
+                    }
+                    let w = heads * dim;
+                    let mut conv = Vec::with_capacity(3 * w * kern);
+                    for p in ["q", "k", "v"] {
+                        conv.extend(
+                            ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
+                        );
+                    }
+                    let a_log = if k3 {
+                        let stored = ld.vector("self_attn.A_log", &[dim])?;
+                        if heads > dim {
+                            bail!(
+                                "K3 stores A_log with {dim} entries, fewer than the {heads} heads"
+                            );
+                        }
+                        stored[..heads].to_vec()
+                    } else {
+                        ld.vector("self_attn.A_log", &[1, 1, heads, 1])?
+                    };
+                    let g_in = if k3 {
+                        mat("self_attn.g_proj.weight", w, h)?
+                    } else {
+                        mat("self_attn.g_a_proj.weight", dim, h)?
+                    };
+                    // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
+                    let (xin, parts) = b.fuse(vec![
+                        mat("self_attn.q_proj.weight", w, h)?,
+                        mat("self_attn.k_proj.weight", w, h)?,
+                        mat("self_attn.v_proj.weight", w, h)?,
+                        mat("self_attn.f_a_proj.weight", dim, h)?,
+                        g_in,
+                        mat("self_attn.b_proj.weight", heads, h)?,
+                    ]);
+                    let [q, k, v, f_a, g_in, b_proj]: [Lin; 6] =
+                        parts.try_into().map_err(|_| anyhow!("six parts"))?;
+                    let gate = if k3 {
+                        OutGate::Full(g_in)
+                    } else {
+                        OutGate::Low(g_in, b.lin(mat("self_attn.g_b_proj.weight", w, dim)?))
+                    };
+                    Attn::Kda(Box::new(Kda {
+                        xin,
+                        q,
+                        k,
+                        v,
+                        conv: b.vector(&conv),
+                        f_a,
+                        f_b: b.lin(mat("self_attn.f_b_proj.weight", w, dim)?),
+                        b: b_proj,
+                        a_log: b.vector(&a_log),
+                        dt_bias: vecf(b, "self_attn.dt_bias", &[w])?,
+                        o_norm: vecf(b, "self_attn.o_norm.weight", &[dim])?,
+                        gate,
+                        o: b.lin(mat("self_attn.o_proj.weight", h, w)?),
+                        heads,
+                        dim,
+                        kern,
+                        kind: KdaKind::of(k3),
+                    }))
+                };
+                let mlp = |b: &mut Block, sub: &str, width: usize| -> Result<Mlp> {
+                    Ok(Mlp {
+                        gate: b.lin(mat(&format!("{sub}gate_proj.weight"), width, h)?),
+                        up: b.lin(mat(&format!("{sub}up_proj.weight"), width, h)?),
+                        down: b.lin(mat(&format!("{sub}down_proj.weight"), h, width)?),
+                    })
+                };
+                let ffn = if cfg.is_dense(l) {
+                    Ffn::Dense(mlp(b, "mlp.", cfg.dense_intermediate)?)
+                } else {
+                    let m = &cfg.moe;
+                    let router = mat("block_sparse_moe.gate.weight", m.num_experts, h)?;
+                    let (xin, router, latent) = match m.latent {
+                        Some(lw) => {
+                            let (xin, parts) = b.fuse(vec![
+                                mat("block_sparse_moe.routed_expert_down_proj.weight", lw, h)?,
+                                router,
+                            ]);
+                            let [down, router]: [Lin; 2] =
+                                parts.try_into().map_err(|_| anyhow!("two parts"))?;
+                            let norm =
+                                vecf(b, "block_sparse_moe.routed_expert_norm.weight", &[lw])?;
+                            let up =
+                                b.lin(mat("block_sparse_moe.routed_expert_up_proj.weight", h, lw)?);
+                            (Some(xin), router, Some((down, norm, up)))
+                        }
+                        None => (None, b.lin(router), None),
+                    };
+                    Ffn::Moe(Box::new(Moe {
+                        xin,
+                        router,
+                        bias: vecf(
+                            b,
+                            "block_sparse_moe.gate.e_score_correction_bias",
+                            &[m.num_experts],
+                        )?,
+                        latent,
+                        shared: mlp(b, "block_sparse_moe.shared_experts.", m.shared_width)?,
+                    }))
+                };
+                Ok(Layer {
+                    attn_res,
+                    input_norm: vecf(b, "input_layernorm.weight", &[h])?,
+                    attn,
+                    mlp_res,
+                    post_norm: vecf(b, "post_attention_layernorm.weight", &[h])?,
+                    ffn,
+                })
+            })();
+            layers.push(layer.with_context(|| format!("layer {l}"))?);
+            blocks.push(b);
+        }
+        // The embeddings and head: always resident.
+        let mut head = Block::new();
+        let v = cfg.vocab_size;
+        let embed = ld_mat(&root, "embed_tokens.weight", v, h)?;
+        // One row of the embedding table is read per token: not counted as matrix bytes.
+        let embed = Lin {
+            at: head.put(as_bytes(&embed.data)),
+            rows: v,
+            cols: h,
+        };
+        let head_root = Loader::new(&ck, if k3 { "language_model." } else { "" });
+        let lm_head = head.lin(ld_mat(&head_root, "lm_head.weight", v, h)?);
+        let out_res = if k3 {
+            Some(head.vector(&root.res_score(
+                "output_attn_res_norm.weight",
+                "output_attn_res_proj.weight",
+                h,
+            )?))
+        } else {
+            None
+        };
+        let norm = head.vector(&root.vector("norm.weight", &[h])?);
+        let spine_bytes = head.matrix_bytes + blocks.iter().map(|b| b.matrix_bytes).sum::<u64>();
+        let (spine, streamed) = place_spine(&gpu, head, blocks, opts.spine_vram)?;
+
+        // The VRAM expert cache.
+        let slot_len = layout.len().div_ceil(256) * 256;
+        let records: usize =
+            (0..cfg.num_layers).filter(|&l| !cfg.is_dense(l)).count() * cfg.moe.num_experts;
+        let (free, _) = cu::mem_get_info().doing("reading the GPU's free memory")?;
+        let budget = match opts.expert_vram {
+            Some(b) => b,
+            None => ((records * slot_len) as u64).min((free as u64).saturating_sub(4 << 30)),
+        };
+        let n_slots = ((budget / slot_len as u64) as usize).min(records.max(1));
+        if n_slots == 0 {
+            bail!("--expert-vram {budget} bytes holds no expert record of {slot_len} bytes; give at least one record's worth");
+        }
+        let slots = gpu
+            .alloc(n_slots * slot_len)
+            .with_context(|| format!("allocating {n_slots} VRAM expert slots"))?;
+        // Page-lock the RAM expert cache so that copies read records where they lie: no staging memcpy on the
+        // host, and the copy engine runs at the pinned rate. Where the driver refuses, stage through a ring.
+        let (slab, slab_len) = store.slab_range();
+        // SAFETY: the range is the store's mapping, alive until after `Drop` unregisters it.
+        let slab_registered = unsafe { sys::cuMemHostRegister_v2(slab.cast(), slab_len, 0) }
+            == sys::CUresult::CUDA_SUCCESS;
+        let held_cap = (store.slots() / 2).max(1);
+        let resident = n_slots == records;
+        let staging = (0..if slab_registered { 0 } else { 4 })
+            .map(|_| Ok((Pinned::new(&gpu, layout.len(), true)?, gpu.event()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let cache = ExpertCache {
+            slots,
+            slot_len,
+            plan: SlotCache::new(n_slots),
+            ring: Ring::new(staging.len().max(1)),
+            staging,
+            copied: gpu.event()?,
+            counters: CudaCounters::default(),
+        };
+        let span = [gpu.event()?, gpu.event()?];
+        let picks = Picks {
+            out: gpu.alloc(4 * 2 * (cfg.vocab_size + 1))?,
+            host: Pinned::new(&gpu, 4 * 2 * (cfg.vocab_size + 1), false)?,
+            span: [[gpu.event()?, gpu.event()?], [gpu.event()?, gpu.event()?]],
+            done: [gpu.event()?, gpu.event()?],
+        };
+        let untimed = || gpu.ctx.new_event(None).doing("creating an event");
+        let (fork, join) = (untimed()?, untimed()?);
+        let mut model = CudaModel {
+            span,
+            picks,
+            graphs_off: Mutex::new(None),
+            fork,
+            join,
+            gpu,
+            cfg,
+            embed,
+            layers,
+            out_res,
+            norm,
+            lm_head,
+            _spine: spine,
+            streamed,
+            store,
+            layout,
+            cache: Mutex::new(cache),
+            arena: Mutex::new(Arena {
+                buf: None,
+                off: Cell::new(0),
+                host: None,
+                host_off: Cell::new(0),
+                copies: Cell::new(false),
+                groups: Cell::new(0),
+                issued: Cell::new(0),
+            }),
+            spine_bytes,
+            slab_registered,
+            held_cap,
+            direct: None,
+        };
+        if resident {
+            model.preload().context("loading the experts into VRAM")?;
+            model.direct = Some(model.direct_tables()?);
+        }
+        Ok(model)
+    }
+}
