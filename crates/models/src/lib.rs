@@ -4,10 +4,10 @@
 
 pub mod backend;
 pub mod blocks;
+mod decoder;
+pub mod describe;
 pub mod experts;
 pub mod kda;
-pub mod kimi_k3;
-pub mod kimi_linear;
 pub mod math;
 pub mod mla;
 pub mod moe;
@@ -21,8 +21,8 @@ pub use backend::{batch_tokens, split_rows, Backend, Pass};
 use blocks::LayerState;
 pub use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_store::record::{is_routed_expert, layer_prefix, ExpertRecord};
+use deltafin_formats::config::ModelConfig;
+use deltafin_store::record::{is_routed_expert, ExpertRecord};
 use deltafin_store::{Backfill, ExpertStore, StoreOptions};
 pub use experts::Stats;
 use session::{logit_rows, split_logits};
@@ -30,10 +30,7 @@ pub use session::{LogitRows, Session};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub enum Model {
-    KimiK3(kimi_k3::KimiK3),
-    KimiLinear(kimi_linear::KimiLinear),
-}
+pub use decoder::Model;
 
 /// How a model is opened.
 #[derive(Clone, Debug, Default)]
@@ -59,41 +56,22 @@ impl Model {
         let ck = Arc::new(Checkpoint::open(dir)?);
         let experts = open_expert_store(dir, &ck, &cfg, opts)?;
         let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
-        Ok(match cfg.family {
-            Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts, &resident)?),
-            Family::KimiLinear => Model::KimiLinear(kimi_linear::KimiLinear::load(
-                &ck, cfg, &experts, &resident,
-            )?),
-        })
+        Model::from_checkpoint(&ck, cfg, &experts, &resident)
     }
 
     /// The expert store, for its counters.
     pub fn store(&self) -> &Arc<ExpertStore> {
-        match self {
-            Model::KimiK3(m) => &m.experts,
-            Model::KimiLinear(m) => &m.experts,
-        }
+        &self.experts
     }
 
     pub fn config(&self) -> &ModelConfig {
-        match self {
-            Model::KimiK3(m) => &m.cfg,
-            Model::KimiLinear(m) => &m.cfg,
-        }
+        &self.cfg
     }
 
     pub fn new_session(&self) -> Session {
         Session {
             layers: blocks::initial_states(self.config()),
             pos: 0,
-        }
-    }
-
-    /// Spine layers read from disk on every pass (0 when the whole spine is resident).
-    pub fn streamed_layers(&self) -> usize {
-        match self {
-            Model::KimiK3(m) => m.streamed_layers(),
-            Model::KimiLinear(m) => m.streamed_layers(),
         }
     }
 }
@@ -130,10 +108,7 @@ impl Backend for Model {
             return Ok(Vec::new());
         }
         check_batch(self.config(), batch)?;
-        on_pool(|| match self {
-            Model::KimiK3(m) => m.forward(batch, stats),
-            Model::KimiLinear(m) => m.forward(batch, stats),
-        })
+        on_pool(|| self.forward(batch, stats))
     }
 
     fn fork(&self, session: &Session) -> Result<Session> {
@@ -254,25 +229,16 @@ fn plan_spine(
     let Some(budget) = opts.memory_budget else {
         return Ok(vec![true; cfg.num_layers]);
     };
-    let prefix = layer_prefix(cfg.family);
-    let mut layer_bytes = vec![0u64; cfg.num_layers];
-    let mut global = 0u64;
-    for info in ck.tensors() {
-        if is_routed_expert(&info.name)
-            || !(info.name.starts_with(prefix) || info.name.contains("lm_head"))
-        {
-            continue;
-        }
-        let layer = info
-            .name
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix("layers."))
-            .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-        match layer {
-            Some(l) if l < cfg.num_layers => layer_bytes[l] += info.nbytes,
-            _ => global += info.nbytes,
-        }
-    }
+    let desc = describe::Description::of(cfg)?;
+    let bytes =
+        |names: Vec<&str>| -> Result<u64> { names.iter().map(|n| Ok(ck.info(n)?.nbytes)).sum() };
+    let layer_bytes = desc
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, d)| bytes(d.tensors()).with_context(|| format!("layer {l}")))
+        .collect::<Result<Vec<u64>>>()?;
+    let global = bytes(desc.globals())?;
     let largest = layer_bytes.iter().copied().max().unwrap_or(0);
     // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
     let floor = global + store.slab_bytes() + 2 * largest;
