@@ -1,6 +1,7 @@
-//! Model families, each in one file that reads like its contract (docs/k3-model-contract.md, cited as
-//! "contract §N"): [`kimi_k3`] and [`kimi_linear`], built from shared blocks ([`kda`], [`mla`], [`moe`]) over
-//! the CPU kernels. [`Model`] runs them through the [`Backend`] trait, which the engine drives.
+//! Model families, each described once as data that reads like its contract ([`describe`];
+//! docs/k3-model-contract.md, cited as "contract §N"), and the CPU executor of that description: [`Model`],
+//! built from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels, which the engine drives through
+//! the [`Backend`] trait.
 
 pub mod backend;
 pub mod blocks;
