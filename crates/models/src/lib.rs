@@ -25,6 +25,7 @@ use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::ModelConfig;
 use deltafin_store::record::{is_routed_expert, ExpertRecord};
 use deltafin_store::{Backfill, ExpertStore, StoreOptions};
+use describe::Description;
 pub use experts::Stats;
 use session::{logit_rows, split_logits};
 pub use session::{LogitRows, Session};
@@ -164,15 +165,20 @@ pub fn model_identity(dir: &Path) -> Result<String> {
     Ok(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)))
 }
 
-/// Bytes of the spine one decode step reads: every non-expert tensor except the embedding table, of which a
+/// Bytes of the spine one decode step reads: every described tensor except the embedding table, of which a
 /// step reads one row.
 pub fn spine_bytes(dir: &Path) -> Result<u64> {
     let ck = Checkpoint::open(dir)?;
-    Ok(ck
-        .tensors()
-        .filter(|t| !is_routed_expert(&t.name) && !t.name.ends_with("embed_tokens.weight"))
-        .map(|t| t.nbytes)
-        .sum())
+    let desc = Description::of(&ModelConfig::from_dir(dir)?)?;
+    let mut names = desc.globals();
+    names.retain(|&n| n != desc.embed.name);
+    names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
+    described_bytes(&ck, &names)
+}
+
+/// Bytes of the named tensors of `ck`.
+fn described_bytes(ck: &Checkpoint, names: &[&str]) -> Result<u64> {
+    names.iter().map(|n| Ok(ck.info(n)?.nbytes)).sum()
 }
 
 /// Bytes of every tensor but the routed experts: what stays in memory without a memory budget.
