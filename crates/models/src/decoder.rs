@@ -16,6 +16,8 @@ use deltafin_kernels::dot;
 use deltafin_store::ExpertStore;
 use std::sync::Arc;
 
+/// A model on the CPU: the embeddings and head resident, the layers resident or streamed ([`Spine`]), the
+/// routed experts read through the expert store.
 pub struct Model {
     pub(crate) cfg: ModelConfig,
     embed: Embedding,
@@ -71,14 +73,15 @@ impl Layer {
 }
 
 impl Model {
-    /// `resident[l]`: keep layer l in memory (otherwise it is read on every pass).
+    /// `desc` is `cfg`'s description; `resident[l]`: keep layer l in memory (otherwise it is read on every
+    /// pass).
     pub(crate) fn from_checkpoint(
         ck: &Arc<Checkpoint>,
         cfg: ModelConfig,
+        desc: Arc<Description>,
         experts: &ModelExperts,
         resident: &[bool],
     ) -> Result<Model> {
-        let desc = Arc::new(Description::of(&cfg)?);
         let ld = Loader::new(ck);
         let layers = {
             let (ck, desc, experts) = (ck.clone(), desc.clone(), experts.clone());

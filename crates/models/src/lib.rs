@@ -57,8 +57,9 @@ impl Model {
         let cfg = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open(dir)?);
         let experts = open_expert_store(dir, &ck, &cfg, opts)?;
-        let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
-        Model::from_checkpoint(&ck, cfg, &experts, &resident)
+        let desc = Arc::new(Description::of(&cfg)?);
+        let resident = plan_spine(&ck, &desc, opts, &experts.store)?;
+        Model::from_checkpoint(&ck, cfg, desc, &experts, &resident)
     }
 
     /// The expert store, for its counters.
@@ -229,23 +230,20 @@ fn working_slots(store: &StoreOptions, cfg: &ModelConfig) -> usize {
 /// Which spine layers stay resident under the memory budget (all of them without one).
 fn plan_spine(
     ck: &Checkpoint,
-    cfg: &ModelConfig,
+    desc: &Description,
     opts: &LoadOptions,
     store: &ExpertStore,
 ) -> Result<Vec<bool>> {
     let Some(budget) = opts.memory_budget else {
-        return Ok(vec![true; cfg.num_layers]);
+        return Ok(vec![true; desc.layers.len()]);
     };
-    let desc = describe::Description::of(cfg)?;
-    let bytes =
-        |names: Vec<&str>| -> Result<u64> { names.iter().map(|n| Ok(ck.info(n)?.nbytes)).sum() };
     let layer_bytes = desc
         .layers
         .iter()
         .enumerate()
-        .map(|(l, d)| bytes(d.tensors()).with_context(|| format!("layer {l}")))
+        .map(|(l, d)| described_bytes(ck, &d.tensors()).with_context(|| format!("layer {l}")))
         .collect::<Result<Vec<u64>>>()?;
-    let global = bytes(desc.globals())?;
+    let global = described_bytes(ck, &desc.globals())?;
     let largest = layer_bytes.iter().copied().max().unwrap_or(0);
     // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
     let floor = global + store.slab_bytes() + 2 * largest;
