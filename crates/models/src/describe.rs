@@ -286,6 +286,7 @@ struct Choices {
 
 fn choices(family: Family) -> Choices {
     match family {
+        // Contract §1, §2 and §4.
         Family::KimiK3 => Choices {
             head_prefix: "language_model.",
             attn_res: true,
@@ -296,6 +297,7 @@ fn choices(family: Family) -> Choices {
             mla_gate: true,
             act: Act::Situ,
         },
+        // Contract §6 (transformers' Kimi Linear).
         Family::KimiLinear => Choices {
             head_prefix: "",
             attn_res: false,
