@@ -7,6 +7,7 @@ use crate::gpu::{Gpu, On};
 use crate::launch::{int_param, kernel, launch, Kernel};
 use crate::plan::matmul_ring_bytes;
 use anyhow::Result;
+use deltafin_models::describe::{self, DecayGate, QkNorm};
 
 /// The gated MLP's activation (kernels.cu `actf`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,11 +28,24 @@ pub(crate) enum KdaKind {
 }
 
 impl KdaKind {
-    pub(crate) fn of(k3: bool) -> KdaKind {
-        if k3 {
-            KdaKind::K3
-        } else {
-            KdaKind::KimiLinear
+    /// The variant computing a described KDA layer, with the decay's lower bound it takes (K3's only); `None`
+    /// where the kernel computes neither pairing of decay gate and q/k norm.
+    pub(crate) fn of(k: &describe::Kda) -> Option<(KdaKind, f32)> {
+        match (k.decay, k.qk_norm) {
+            (DecayGate::LowerBoundSigmoid { lower }, QkNorm::ClampedNorm) => {
+                Some((KdaKind::K3, lower))
+            }
+            (DecayGate::Softplus, QkNorm::EpsInsideSqrt) => Some((KdaKind::KimiLinear, 0.0)),
+            _ => None,
+        }
+    }
+}
+
+impl Act {
+    pub(crate) fn of(act: deltafin_models::ops::Act) -> Act {
+        match act {
+            deltafin_models::ops::Act::Situ => Act::Situ,
+            deltafin_models::ops::Act::SiluGlu => Act::Silu,
         }
     }
 }

@@ -1,10 +1,10 @@
 //! The per-layer building blocks both families share: which attention, which feed-forward, and their state.
 
+use crate::describe as desc;
 use crate::experts::{ExpertSet, Stats};
 use crate::kda::{Kda, KdaState};
 use crate::mla::{LatentCache, Mla};
 use crate::moe::{Mlp, Moe};
-use crate::ops::Act;
 use crate::weights::Loader;
 use crate::{Pass, Session};
 use anyhow::Result;
@@ -35,11 +35,10 @@ impl LayerState {
 }
 
 impl Attention {
-    pub fn load(ld: &Loader, cfg: &ModelConfig, layer: usize) -> Result<Attention> {
-        Ok(if cfg.is_mla[layer] {
-            Attention::Mla(Box::new(Mla::load(ld, cfg)?))
-        } else {
-            Attention::Kda(Box::new(Kda::load(ld, cfg)?))
+    pub fn load(ld: &Loader, d: &desc::Attention) -> Result<Attention> {
+        Ok(match d {
+            desc::Attention::Mla(m) => Attention::Mla(Box::new(Mla::load(ld, m)?)),
+            desc::Attention::Kda(k) => Attention::Kda(Box::new(Kda::load(ld, k)?)),
         })
     }
 
@@ -79,21 +78,18 @@ pub enum FeedForward {
 impl FeedForward {
     pub fn load(
         ld: &Loader,
-        cfg: &ModelConfig,
+        d: &desc::FeedForward,
         layer: usize,
         experts: &ModelExperts,
     ) -> Result<FeedForward> {
-        let act = Act::of(cfg.family);
-        if cfg.is_dense(layer) {
-            return Ok(FeedForward::Dense(Box::new(Mlp::load(
-                &ld.sub("mlp."),
-                cfg.hidden,
-                cfg.dense_intermediate,
-                act,
-            )?)));
-        }
-        let set = ExpertSet::new(experts.store.clone(), layer, experts.record.clone(), act);
-        Ok(FeedForward::Moe(Box::new(Moe::load(ld, cfg, set)?)))
+        Ok(match d {
+            desc::FeedForward::Dense(m) => FeedForward::Dense(Box::new(Mlp::load(ld, m)?)),
+            desc::FeedForward::Moe(m) => {
+                let set =
+                    ExpertSet::new(experts.store.clone(), layer, experts.record.clone(), m.act);
+                FeedForward::Moe(Box::new(Moe::load(ld, m, set)?))
+            }
+        })
     }
 
     /// `next` is the following layer's feed-forward (its router drives the lookahead prefetch).

@@ -3,36 +3,16 @@
 //! Projections run on all rows at once; the short convolution and the recurrence then walk the rows in order,
 //! so a prefill of n tokens and n single-token steps perform the same arithmetic.
 
+use crate::describe::{self as desc, DecayGate, QkNorm};
 use crate::ops::{rms_norm, sigmoid, silu, softplus};
 use crate::weights::{Linear, Loader};
-use anyhow::{bail, Result};
-use deltafin_formats::config::Family;
-use deltafin_formats::config::ModelConfig;
+use anyhow::Result;
 use rayon::prelude::*;
 
-/// How the per-channel decay `g` (a log-decay, ≤ 0) is formed from `raw = f_b(f_a x) + dt_bias`.
-pub enum DecayGate {
-    /// K3: `g = lower · sigmoid(exp(A_log[h]) · raw)` with lower = −5.
-    LowerBoundSigmoid { lower: f32 },
-    /// Kimi Linear: `g = −exp(A_log[h]) · softplus(raw)`.
-    Softplus,
-}
-
-/// The gate applied to the normed output of each head.
+/// The gate applied to the normed output of each head ([`desc::OutputGate`]).
 pub enum OutputGate {
-    /// K3: `sigmoid(g_proj x)`.
     FullRank(Linear),
-    /// Kimi Linear: `sigmoid(g_b(g_a x))`.
     LowRank(Linear, Linear),
-}
-
-/// How q and k are L2-normalised per head.
-#[derive(Clone, Copy)]
-pub enum QkNorm {
-    /// K3 contract: `x / max(‖x‖, 1e−12)`.
-    ClampedNorm,
-    /// fla / transformers: `x / sqrt(Σx² + 1e−6)`.
-    EpsInsideSqrt,
 }
 
 pub struct Kda {
@@ -80,59 +60,33 @@ impl KdaState {
 }
 
 impl Kda {
-    pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Kda> {
-        let (h, heads, dim, kernel) = (
-            cfg.hidden,
-            cfg.kda.heads,
-            cfg.kda.head_dim,
-            cfg.kda.conv_kernel,
-        );
-        let w = heads * dim;
-        let conv =
-            |name: &str| ld.vector(&format!("self_attn.{name}_conv1d.weight"), &[w, 1, kernel]);
-        let (a_log, decay, qk_norm, out_gate) = match cfg.family {
-            Family::KimiK3 => {
-                // Stored [head_dim] with one real entry per head and zero padding (contract KDA step 5).
-                let stored = ld.vector("self_attn.A_log", &[dim])?;
-                if heads > dim {
-                    bail!("K3 stores A_log with head_dim = {dim} entries, fewer than the {heads} heads");
-                }
-                (
-                    stored[..heads].to_vec(),
-                    DecayGate::LowerBoundSigmoid { lower: -5.0 },
-                    QkNorm::ClampedNorm,
-                    OutputGate::FullRank(ld.linear("self_attn.g_proj.weight", w, h)?),
-                )
-            }
-            Family::KimiLinear => (
-                ld.vector("self_attn.A_log", &[1, 1, heads, 1])?,
-                DecayGate::Softplus,
-                QkNorm::EpsInsideSqrt,
-                OutputGate::LowRank(
-                    ld.linear("self_attn.g_a_proj.weight", dim, h)?,
-                    ld.linear("self_attn.g_b_proj.weight", w, dim)?,
-                ),
-            ),
-        };
+    pub fn load(ld: &Loader, d: &desc::Kda) -> Result<Kda> {
+        let vec = |t| ld.vector(t);
         Ok(Kda {
-            q: ld.linear("self_attn.q_proj.weight", w, h)?,
-            k: ld.linear("self_attn.k_proj.weight", w, h)?,
-            v: ld.linear("self_attn.v_proj.weight", w, h)?,
-            conv: [conv("q")?, conv("k")?, conv("v")?],
-            f_a: ld.linear("self_attn.f_a_proj.weight", dim, h)?,
-            f_b: ld.linear("self_attn.f_b_proj.weight", w, dim)?,
-            b: ld.linear("self_attn.b_proj.weight", heads, h)?,
-            a_log,
-            dt_bias: ld.vector("self_attn.dt_bias", &[w])?,
-            o_norm: ld.vector("self_attn.o_norm.weight", &[dim])?,
-            decay,
-            qk_norm,
-            out_gate,
-            o: ld.linear("self_attn.o_proj.weight", h, w)?,
-            heads,
-            dim,
-            kernel,
-            eps: cfg.rms_norm_eps,
+            q: ld.linear(&d.q)?,
+            k: ld.linear(&d.k)?,
+            v: ld.linear(&d.v)?,
+            conv: [vec(&d.conv[0])?, vec(&d.conv[1])?, vec(&d.conv[2])?],
+            f_a: ld.linear(&d.f_a)?,
+            f_b: ld.linear(&d.f_b)?,
+            b: ld.linear(&d.b)?,
+            // One rate per head, first in either layout.
+            a_log: vec(&d.a_log)?[..d.heads].to_vec(),
+            dt_bias: vec(&d.dt_bias)?,
+            o_norm: vec(&d.o_norm)?,
+            decay: d.decay,
+            qk_norm: d.qk_norm,
+            out_gate: match &d.out_gate {
+                desc::OutputGate::FullRank(g) => OutputGate::FullRank(ld.linear(g)?),
+                desc::OutputGate::LowRank(a, b) => {
+                    OutputGate::LowRank(ld.linear(a)?, ld.linear(b)?)
+                }
+            },
+            o: ld.linear(&d.o)?,
+            heads: d.heads,
+            dim: d.dim,
+            kernel: d.kernel,
+            eps: d.eps,
         })
     }
 

@@ -1,13 +1,14 @@
-//! Model families, each in one file that reads like its contract (docs/k3-model-contract.md, cited as
-//! "contract §N"): [`kimi_k3`] and [`kimi_linear`], built from shared blocks ([`kda`], [`mla`], [`moe`]) over
-//! the CPU kernels. [`Model`] runs them through the [`Backend`] trait, which the engine drives.
+//! Model families, each described once as data that reads like its contract ([`describe`];
+//! docs/k3-model-contract.md, cited as "contract §N"), and the CPU executor of that description: [`Model`],
+//! built from shared blocks ([`kda`], [`mla`], [`moe`]) over the CPU kernels, which the engine drives through
+//! the [`Backend`] trait.
 
 pub mod backend;
 pub mod blocks;
+mod decoder;
+pub mod describe;
 pub mod experts;
 pub mod kda;
-pub mod kimi_k3;
-pub mod kimi_linear;
 pub mod math;
 pub mod mla;
 pub mod moe;
@@ -21,19 +22,17 @@ pub use backend::{batch_tokens, split_rows, Backend, Pass};
 use blocks::LayerState;
 pub use blocks::ModelExperts;
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_store::record::{is_routed_expert, layer_prefix, ExpertRecord};
+use deltafin_formats::config::ModelConfig;
+use deltafin_store::record::{is_routed_expert, ExpertRecord};
 use deltafin_store::{Backfill, ExpertStore, StoreOptions};
+use describe::Description;
 pub use experts::Stats;
 use session::{logit_rows, split_logits};
 pub use session::{LogitRows, Session};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub enum Model {
-    KimiK3(kimi_k3::KimiK3),
-    KimiLinear(kimi_linear::KimiLinear),
-}
+pub use decoder::Model;
 
 /// How a model is opened.
 #[derive(Clone, Debug, Default)]
@@ -58,42 +57,24 @@ impl Model {
         let cfg = ModelConfig::from_dir(dir)?;
         let ck = Arc::new(Checkpoint::open(dir)?);
         let experts = open_expert_store(dir, &ck, &cfg, opts)?;
-        let resident = plan_spine(&ck, &cfg, opts, &experts.store)?;
-        Ok(match cfg.family {
-            Family::KimiK3 => Model::KimiK3(kimi_k3::KimiK3::load(&ck, cfg, &experts, &resident)?),
-            Family::KimiLinear => Model::KimiLinear(kimi_linear::KimiLinear::load(
-                &ck, cfg, &experts, &resident,
-            )?),
-        })
+        let desc = Arc::new(Description::of(&cfg)?);
+        let resident = plan_spine(&ck, &desc, opts, &experts.store)?;
+        Model::from_checkpoint(&ck, cfg, desc, &experts, &resident)
     }
 
     /// The expert store, for its counters.
     pub fn store(&self) -> &Arc<ExpertStore> {
-        match self {
-            Model::KimiK3(m) => &m.experts,
-            Model::KimiLinear(m) => &m.experts,
-        }
+        &self.experts
     }
 
     pub fn config(&self) -> &ModelConfig {
-        match self {
-            Model::KimiK3(m) => &m.cfg,
-            Model::KimiLinear(m) => &m.cfg,
-        }
+        &self.cfg
     }
 
     pub fn new_session(&self) -> Session {
         Session {
             layers: blocks::initial_states(self.config()),
             pos: 0,
-        }
-    }
-
-    /// Spine layers read from disk on every pass (0 when the whole spine is resident).
-    pub fn streamed_layers(&self) -> usize {
-        match self {
-            Model::KimiK3(m) => m.streamed_layers(),
-            Model::KimiLinear(m) => m.streamed_layers(),
         }
     }
 }
@@ -130,10 +111,7 @@ impl Backend for Model {
             return Ok(Vec::new());
         }
         check_batch(self.config(), batch)?;
-        on_pool(|| match self {
-            Model::KimiK3(m) => m.forward(batch, stats),
-            Model::KimiLinear(m) => m.forward(batch, stats),
-        })
+        on_pool(|| self.forward(batch, stats))
     }
 
     fn fork(&self, session: &Session) -> Result<Session> {
@@ -188,15 +166,20 @@ pub fn model_identity(dir: &Path) -> Result<String> {
     Ok(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)))
 }
 
-/// Bytes of the spine one decode step reads: every non-expert tensor except the embedding table, of which a
+/// Bytes of the spine one decode step reads: every described tensor except the embedding table, of which a
 /// step reads one row.
 pub fn spine_bytes(dir: &Path) -> Result<u64> {
     let ck = Checkpoint::open(dir)?;
-    Ok(ck
-        .tensors()
-        .filter(|t| !is_routed_expert(&t.name) && !t.name.ends_with("embed_tokens.weight"))
-        .map(|t| t.nbytes)
-        .sum())
+    let desc = Description::of(&ModelConfig::from_dir(dir)?)?;
+    let mut names = desc.globals();
+    names.retain(|&n| n != desc.embed.name);
+    names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
+    described_bytes(&ck, &names)
+}
+
+/// Bytes of the named tensors of `ck`.
+fn described_bytes(ck: &Checkpoint, names: &[&str]) -> Result<u64> {
+    names.iter().map(|n| Ok(ck.info(n)?.nbytes)).sum()
 }
 
 /// Bytes of every tensor but the routed experts: what stays in memory without a memory budget.
@@ -247,32 +230,20 @@ fn working_slots(store: &StoreOptions, cfg: &ModelConfig) -> usize {
 /// Which spine layers stay resident under the memory budget (all of them without one).
 fn plan_spine(
     ck: &Checkpoint,
-    cfg: &ModelConfig,
+    desc: &Description,
     opts: &LoadOptions,
     store: &ExpertStore,
 ) -> Result<Vec<bool>> {
     let Some(budget) = opts.memory_budget else {
-        return Ok(vec![true; cfg.num_layers]);
+        return Ok(vec![true; desc.layers.len()]);
     };
-    let prefix = layer_prefix(cfg.family);
-    let mut layer_bytes = vec![0u64; cfg.num_layers];
-    let mut global = 0u64;
-    for info in ck.tensors() {
-        if is_routed_expert(&info.name)
-            || !(info.name.starts_with(prefix) || info.name.contains("lm_head"))
-        {
-            continue;
-        }
-        let layer = info
-            .name
-            .strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix("layers."))
-            .and_then(|r| r.split('.').next()?.parse::<usize>().ok());
-        match layer {
-            Some(l) if l < cfg.num_layers => layer_bytes[l] += info.nbytes,
-            _ => global += info.nbytes,
-        }
-    }
+    let layer_bytes = desc
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, d)| described_bytes(ck, &d.tensors()).with_context(|| format!("layer {l}")))
+        .collect::<Result<Vec<u64>>>()?;
+    let global = described_bytes(ck, &desc.globals())?;
     let largest = layer_bytes.iter().copied().max().unwrap_or(0);
     // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
     let floor = global + store.slab_bytes() + 2 * largest;

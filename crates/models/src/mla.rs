@@ -3,22 +3,20 @@
 //! head scores against the latent through `W_UKᵀ q_nope`, expanding values with `W_UV` after the weighted sum.
 //! With no rotation this equals the expanded form in real arithmetic.
 
+use crate::describe as desc;
 use crate::ops::{axpy, rms_norm, sigmoid, softmax};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
-use deltafin_formats::config::ModelConfig;
 use deltafin_kernels::{dot, matmul, matvec_t_bf16};
 use rayon::prelude::*;
 
-/// Where the queries come from.
+/// Where the queries come from ([`desc::QueryPath`]).
 pub enum QueryPath {
-    /// K3: `q_b(RMS(q_a x))`.
     LowRank {
         a: Linear,
         norm: Vec<f32>,
         b: Linear,
     },
-    /// Kimi Linear: `q_proj x`.
     Direct(Linear),
 }
 
@@ -28,7 +26,7 @@ pub struct Mla {
     kv_norm: Vec<f32>,
     /// `[heads × (nope + v), kv_lora]`: per head, nope rows of W_UK then v rows of W_UV.
     kv_b: Linear,
-    /// K3's output gate `sigmoid(g_proj x)`; Kimi Linear has none.
+    /// The output gate `sigmoid(g_proj x)`, where the family has one.
     gate: Option<Linear>,
     o: Linear,
     heads: usize,
@@ -53,45 +51,27 @@ impl LatentCache {
 }
 
 impl Mla {
-    pub fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Mla> {
-        let m = &cfg.mla;
-        let (h, heads, nope, rope, v, kv_lora) = (
-            cfg.hidden,
-            m.heads,
-            m.qk_nope_head_dim,
-            m.qk_rope_head_dim,
-            m.v_head_dim,
-            m.kv_lora_rank,
-        );
-        let q = match m.q_lora_rank {
-            Some(r) => QueryPath::LowRank {
-                a: ld.linear("self_attn.q_a_proj.weight", r, h)?,
-                norm: ld.vector("self_attn.q_a_layernorm.weight", &[r])?,
-                b: ld.linear("self_attn.q_b_proj.weight", heads * (nope + rope), r)?,
-            },
-            None => {
-                QueryPath::Direct(ld.linear("self_attn.q_proj.weight", heads * (nope + rope), h)?)
-            }
-        };
-        let gate = match cfg.family {
-            deltafin_formats::config::Family::KimiK3 => {
-                Some(ld.linear("self_attn.g_proj.weight", heads * v, h)?)
-            }
-            deltafin_formats::config::Family::KimiLinear => None,
-        };
+    pub fn load(ld: &Loader, d: &desc::Mla) -> Result<Mla> {
         Ok(Mla {
-            q,
-            kv_a: ld.linear("self_attn.kv_a_proj_with_mqa.weight", kv_lora + rope, h)?,
-            kv_norm: ld.vector("self_attn.kv_a_layernorm.weight", &[kv_lora])?,
-            kv_b: ld.linear("self_attn.kv_b_proj.weight", heads * (nope + v), kv_lora)?,
-            gate,
-            o: ld.linear("self_attn.o_proj.weight", h, heads * v)?,
-            heads,
-            nope,
-            rope,
-            v,
-            kv_lora,
-            latent_eps: m.latent_norm_eps,
+            q: match &d.q {
+                desc::QueryPath::LowRank { a, norm, b } => QueryPath::LowRank {
+                    a: ld.linear(a)?,
+                    norm: ld.vector(norm)?,
+                    b: ld.linear(b)?,
+                },
+                desc::QueryPath::Direct(p) => QueryPath::Direct(ld.linear(p)?),
+            },
+            kv_a: ld.linear(&d.kv_a)?,
+            kv_norm: ld.vector(&d.kv_norm)?,
+            kv_b: ld.linear(&d.kv_b)?,
+            gate: d.gate.as_ref().map(|g| ld.linear(g)).transpose()?,
+            o: ld.linear(&d.o)?,
+            heads: d.heads,
+            nope: d.nope,
+            rope: d.rope,
+            v: d.v,
+            kv_lora: d.kv_lora,
+            latent_eps: d.latent_eps,
         })
     }
 

@@ -1,11 +1,11 @@
 //! Feed-forward blocks: the dense gated MLP (layer 0 and the shared experts), the noaux_tc router, and the
 //! routed experts, whose bytes are read from the checkpoint only when a row routes to them.
 
+use crate::describe as desc;
 use crate::experts::{ExpertSet, Stats};
 use crate::ops::{rms_norm, sigmoid, Act};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
-use deltafin_formats::config::ModelConfig;
 
 /// `down(act(gate x, up x))`.
 pub struct Mlp {
@@ -16,12 +16,12 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(ld: &Loader, hidden: usize, width: usize, act: Act) -> Result<Mlp> {
+    pub fn load(ld: &Loader, d: &desc::Mlp) -> Result<Mlp> {
         Ok(Mlp {
-            gate: ld.linear("gate_proj.weight", width, hidden)?,
-            up: ld.linear("up_proj.weight", width, hidden)?,
-            down: ld.linear("down_proj.weight", hidden, width)?,
-            act,
+            gate: ld.linear(&d.gate)?,
+            up: ld.linear(&d.up)?,
+            down: ld.linear(&d.down)?,
+            act: d.act,
         })
     }
 
@@ -93,37 +93,27 @@ pub struct Moe {
 }
 
 impl Moe {
-    pub fn load(ld: &Loader, cfg: &ModelConfig, experts: ExpertSet) -> Result<Moe> {
-        let (h, m) = (cfg.hidden, &cfg.moe);
-        let act = Act::of(cfg.family);
-        let latent = match m.latent {
-            Some(l) => Some(Latent {
-                down: ld.linear("block_sparse_moe.routed_expert_down_proj.weight", l, h)?,
-                norm: ld.vector("block_sparse_moe.routed_expert_norm.weight", &[l])?,
-                up: ld.linear("block_sparse_moe.routed_expert_up_proj.weight", h, l)?,
-            }),
-            None => None,
-        };
+    pub fn load(ld: &Loader, d: &desc::Moe, experts: ExpertSet) -> Result<Moe> {
+        let r = &d.router;
         Ok(Moe {
             router: Router {
-                gate: ld.linear("block_sparse_moe.gate.weight", m.num_experts, h)?,
-                bias: ld.vector(
-                    "block_sparse_moe.gate.e_score_correction_bias",
-                    &[m.num_experts],
-                )?,
-                top_k: m.top_k,
-                renormalize: m.renormalize,
-                scale: m.routed_scaling_factor,
+                gate: ld.linear(&r.gate)?,
+                bias: ld.vector(&r.bias)?,
+                top_k: r.top_k,
+                renormalize: r.renormalize,
+                scale: r.scale,
             },
-            latent,
+            latent: match &d.latent {
+                Some(l) => Some(Latent {
+                    down: ld.linear(&l.down)?,
+                    norm: ld.vector(&l.norm)?,
+                    up: ld.linear(&l.up)?,
+                }),
+                None => None,
+            },
             experts,
-            shared: Mlp::load(
-                &ld.sub("block_sparse_moe.shared_experts."),
-                h,
-                m.shared_width,
-                act,
-            )?,
-            eps: cfg.rms_norm_eps,
+            shared: Mlp::load(ld, &d.shared)?,
+            eps: d.eps,
         })
     }
 

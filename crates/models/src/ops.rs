@@ -2,7 +2,6 @@
 //! depends on that row alone.
 
 use crate::math::tanh;
-use deltafin_formats::config::Family;
 use deltafin_kernels::dot;
 
 /// `RMS(x, w) = w ⊙ (x · rsqrt(mean(x²) + eps))`, in place.
@@ -79,14 +78,6 @@ pub enum Act {
 }
 
 impl Act {
-    /// A family's activation, in its dense MLPs, shared experts and routed experts alike (contract §4).
-    pub fn of(family: Family) -> Act {
-        match family {
-            Family::KimiK3 => Act::Situ,
-            Family::KimiLinear => Act::SiluGlu,
-        }
-    }
-
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = match self {

@@ -1,6 +1,7 @@
 //! Loading spine weights: BF16 matrices kept in their stored encoding (the kernels dequantise on the fly),
 //! small vectors widened to f32. Every tensor is checked for dtype and shape against the config.
 
+use crate::describe::{Mat, ResScore, Vector};
 use anyhow::{bail, Context, Result};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::Dtype;
@@ -36,40 +37,25 @@ impl Linear {
     }
 }
 
-/// Reads tensors under a name prefix (`language_model.model.layers.3.` and the like).
+/// Reads the tensors a [`describe`](crate::describe) names, checking each one's dtype and shape.
 pub struct Loader<'a> {
     pub ck: &'a Checkpoint,
-    pub prefix: String,
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(ck: &'a Checkpoint, prefix: impl Into<String>) -> Self {
-        Loader {
-            ck,
-            prefix: prefix.into(),
-        }
+    pub fn new(ck: &'a Checkpoint) -> Self {
+        Loader { ck }
     }
 
-    pub fn sub(&self, more: &str) -> Loader<'a> {
-        Loader {
-            ck: self.ck,
-            prefix: format!("{}{more}", self.prefix),
-        }
-    }
-
-    pub fn name(&self, name: &str) -> String {
-        format!("{}{name}", self.prefix)
-    }
-
-    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
-        let full = self.name(name);
+    pub fn linear(&self, m: &Mat) -> Result<Linear> {
+        let (full, rows, cols) = (&m.name, m.rows, m.cols);
         if !cols.is_multiple_of(32) {
             bail!("tensor `{full}` has input width {cols}; deltafin's kernels need widths that are multiples of 32");
         }
-        let info = self.ck.expect(&full, &[Dtype::Bf16], &[rows, cols])?;
+        let info = self.ck.expect(full, &[Dtype::Bf16], &[rows, cols])?;
         let bytes = self.ck.read(info)?;
         Ok(Linear {
-            name: full,
+            name: full.clone(),
             data: u16s(&bytes),
             rows,
             cols,
@@ -77,9 +63,9 @@ impl<'a> Loader<'a> {
     }
 
     /// A BF16 or F32 tensor of the given shape, widened to f32.
-    pub fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let full = self.name(name);
-        let info = self.ck.expect(&full, &[Dtype::Bf16, Dtype::F32], shape)?;
+    pub fn vector(&self, t: &Vector) -> Result<Vec<f32>> {
+        let full = &t.name;
+        let info = self.ck.expect(full, &[Dtype::Bf16, Dtype::F32], &t.shape)?;
         let bytes = self.ck.read(info)?;
         let v: Vec<f32> = match info.dtype {
             Dtype::Bf16 => u16s(&bytes).into_iter().map(bf16_to_f32).collect(),
@@ -95,9 +81,9 @@ impl<'a> Loader<'a> {
     }
 
     /// An AttnRes score vector `res_norm.weight ⊙ res_proj.weight`, folded once at load.
-    pub fn res_score(&self, norm: &str, proj: &str, hidden: usize) -> Result<Vec<f32>> {
-        let n = self.vector(norm, &[hidden])?;
-        let p = self.vector(proj, &[1, hidden])?;
+    pub fn res_score(&self, r: &ResScore) -> Result<Vec<f32>> {
+        let n = self.vector(&r.norm)?;
+        let p = self.vector(&r.proj)?;
         Ok(n.iter().zip(&p).map(|(a, b)| a * b).collect())
     }
 }

@@ -7,13 +7,12 @@ use super::spine::{At, Attn, Ffn, Kda, Lin, Mla, Mlp, OutGate, QPath, Streamed};
 use crate::devptr::DevPtr;
 use crate::gpu::{Doing, On};
 use crate::kernels::{
-    Act, AttnResMix, EmbedRows, KdaRecurrence, MatmulBf16, MlaAppend, MlaAttend, MlpUpAct,
-    RmsNormRows, TimelineMark,
+    AttnResMix, EmbedRows, KdaRecurrence, MatmulBf16, MlaAppend, MlaAttend, MlpUpAct, RmsNormRows,
+    TimelineMark,
 };
 use crate::plan::{matmul_ring_bytes, matmul_tile};
 use anyhow::{bail, Context, Result};
 use cudarc::driver::result as cu;
-use deltafin_formats::config::Family;
 use deltafin_models::{Pass, Stats};
 use deltafin_store::RecordRef;
 
@@ -157,11 +156,7 @@ impl CudaModel {
             rows: m.gate.rows,
             cols: m.gate.cols,
             n,
-            act: if self.cfg.family == Family::KimiK3 {
-                Act::Situ
-            } else {
-                Act::Silu
-            },
+            act: m.act,
         }
         .go(&self.gpu, if out.side { On::Side } else { On::Compute })?;
         self.mm_into(&m.down, act, y, n, out)
@@ -472,7 +467,7 @@ impl CudaModel {
             gate,
             dt_bias: k.dt_bias.ptr(),
             a_log: k.a_log.ptr(),
-            lower: -5.0, // used by KdaKind::K3 only
+            lower: k.lower,
             conv_w: k.conv.ptr(),
             conv_state,
             s,

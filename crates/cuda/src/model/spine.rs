@@ -3,7 +3,7 @@
 
 use crate::devptr::DevPtr;
 use crate::gpu::{DevBuf, Pinned};
-use crate::kernels::KdaKind;
+use crate::kernels::{Act, KdaKind};
 use cudarc::driver::CudaEvent;
 use std::sync::{Arc, OnceLock};
 
@@ -66,6 +66,8 @@ pub(super) struct Kda {
     pub(super) dim: usize,
     pub(super) kern: usize,
     pub(super) kind: KdaKind,
+    /// K3's decay bound (`KdaKind::K3` only).
+    pub(super) lower: f32,
 }
 
 pub(super) enum QPath {
@@ -114,6 +116,7 @@ pub(super) enum Attn {
 }
 
 pub(super) struct Mlp {
+    pub(super) act: Act,
     pub(super) gate: Lin,
     pub(super) up: Lin,
     pub(super) down: Lin,

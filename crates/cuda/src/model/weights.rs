@@ -6,15 +6,15 @@ use super::expert_cache::{CudaCounters, ExpertCache, ExpertKernels};
 use super::session::Arena;
 use super::spine::{At, Attn, Base, Ffn, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed};
 use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Pinned};
-use crate::kernels::{kda_smem, KdaKind};
+use crate::kernels::{kda_smem, Act, KdaKind};
 use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::ModelConfig;
+use deltafin_models::describe::{self, Description, Mat, Vector};
 use deltafin_models::weights::{Linear, Loader};
 use deltafin_models::{open_expert_store, LoadOptions, ModelExperts};
-use deltafin_store::record::layer_prefix;
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -108,12 +108,16 @@ impl Source {
     }
 }
 
-fn ld_mat(ld: &Loader, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+fn ld_mat(ld: &Loader, m: &Mat) -> Result<Linear> {
     // The kernels read rows in whole 32-element blocks with 16-byte loads.
-    if !cols.is_multiple_of(32) {
-        bail!("{name}: {cols} columns; the CUDA kernels need a multiple of 32");
+    if !m.cols.is_multiple_of(32) {
+        bail!(
+            "{}: {} columns; the CUDA kernels need a multiple of 32",
+            m.name,
+            m.cols
+        );
     }
-    ld.linear(name, rows, cols)
+    ld.linear(m)
 }
 
 /// Puts the embeddings and head, and the layers that fit in `spine_vram` (`plan_spine`), in VRAM of their own;
@@ -230,209 +234,172 @@ impl CudaModel {
                 );
             }
         }
-        let prefix = layer_prefix(cfg.family);
-        let k3 = cfg.family == Family::KimiK3;
-        let root = Loader::new(&ck, prefix);
-        let h = cfg.hidden;
+        let desc = Description::of(&cfg)?;
+        let ld = Loader::new(&ck);
         // Each layer's tensors are laid out in a host image first: where it goes (VRAM of its own, or a
         // streaming buffer) depends on every layer's size.
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut blocks = Vec::with_capacity(cfg.num_layers);
-        for l in 0..cfg.num_layers {
-            let ld = root.sub(&format!("layers.{l}."));
+        for (l, d) in desc.layers.iter().enumerate() {
             let mut b = Block::new();
-            let mat = |name: &str, rows: usize, cols: usize| ld_mat(&ld, name, rows, cols);
+            let mat = |m: &Mat| ld_mat(&ld, m);
             let layer = (|| -> Result<Layer> {
                 let b = &mut b;
-                let vecf = |b: &mut Block, name: &str, shape: &[usize]| -> Result<At> {
-                    Ok(b.vector(&ld.vector(name, shape)?))
+                let vecf =
+                    |b: &mut Block, t: &Vector| -> Result<At> { Ok(b.vector(&ld.vector(t)?)) };
+                let (attn_res, mlp_res) = match &d.res {
+                    Some(r) => (
+                        Some(b.vector(&ld.res_score(&r.attn)?)),
+                        Some(b.vector(&ld.res_score(&r.mlp)?)),
+                    ),
+                    None => (None, None),
                 };
-                let res = |b: &mut Block, n: &str, p: &str| -> Result<Option<At>> {
-                    if k3 {
-                        Ok(Some(b.vector(&ld.res_score(n, p, h)?)))
-                    } else {
-                        Ok(None)
-                    }
-                };
-                let attn_res = res(
-                    b,
-                    "self_attention_res_norm.weight",
-                    "self_attention_res_proj.weight",
-                )?;
-                let mlp_res = res(b, "mlp_res_norm.weight", "mlp_res_proj.weight")?;
-                let attn = if cfg.is_mla[l] {
-                    let m = &cfg.mla;
-                    let qd = m.qk_nope_head_dim + m.qk_rope_head_dim;
-                    if m.kv_lora_rank % 32 != 0 {
-                        bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora_rank);
-                    }
-                    let mut parts = vec![
-                        match m.q_lora_rank {
-                            Some(r) => mat("self_attn.q_a_proj.weight", r, h)?,
-                            None => mat("self_attn.q_proj.weight", m.heads * qd, h)?,
-                        },
-                        mat(
-                            "self_attn.kv_a_proj_with_mqa.weight",
-                            m.kv_lora_rank + m.qk_rope_head_dim,
-                            h,
-                        )?,
-                    ];
-                    if k3 {
-                        parts.push(mat("self_attn.g_proj.weight", m.heads * m.v_head_dim, h)?);
-                    }
-                    let (xin, parts) = b.fuse(parts);
-                    let mut parts = parts.into_iter();
-                    let (q_in, kv_a, gate) = (
-                        parts.next().expect("q"),
-                        parts.next().expect("kv_a"),
-                        parts.next(),
-                    );
-                    let q = match m.q_lora_rank {
-                        Some(r) => QPath::Low {
-                            a: q_in,
-                            norm: vecf(b, "self_attn.q_a_layernorm.weight", &[r])?,
-                            b: b.lin(mat("self_attn.q_b_proj.weight", m.heads * qd, r)?),
-                        },
-                        None => QPath::Direct(q_in),
-                    };
-                    Attn::Mla(Box::new(Mla {
-                        xin,
-                        q,
-                        kv_a,
-                        kv_norm: vecf(b, "self_attn.kv_a_layernorm.weight", &[m.kv_lora_rank])?,
-                        kv_b: b.lin(mat(
-                            "self_attn.kv_b_proj.weight",
-                            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
-                            m.kv_lora_rank,
-                        )?),
-                        gate,
-                        o: b.lin(mat("self_attn.o_proj.weight", h, m.heads * m.v_head_dim)?),
-                        heads: m.heads,
-                        nope: m.qk_nope_head_dim,
-                        rope: m.qk_rope_head_dim,
-                        dv: m.v_head_dim,
-                        kvl: m.kv_lora_rank,
-                        eps: m.latent_norm_eps,
-                    }))
-                } else {
-                    let (heads, dim, kern) = (cfg.kda.heads, cfg.kda.head_dim, cfg.kda.conv_kernel);
-                    if dim % 32 != 0 || dim > 1024 || kern == 0 {
-                        bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
-                    }
-                    // The recurrence holds a head's state and four of its vectors in shared memory.
-                    let smem = kda_smem(dim);
-                    if smem > gpu.dynamic_smem("kda_recurrence") {
-                        bail!(
-                            "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU \
-                             offers {}: run this model on the CPU",
-                            gpu.dynamic_smem("kda_recurrence")
+                let attn = match &d.attn {
+                    describe::Attention::Mla(m) => {
+                        if m.kv_lora % 32 != 0 {
+                            bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora);
+                        }
+                        let q_first = match &m.q {
+                            describe::QueryPath::LowRank { a, .. } => a,
+                            describe::QueryPath::Direct(p) => p,
+                        };
+                        let mut parts = vec![mat(q_first)?, mat(&m.kv_a)?];
+                        if let Some(g) = &m.gate {
+                            parts.push(mat(g)?);
+                        }
+                        let (xin, parts) = b.fuse(parts);
+                        let mut parts = parts.into_iter();
+                        let (q_in, kv_a, gate) = (
+                            parts.next().expect("q"),
+                            parts.next().expect("kv_a"),
+                            parts.next(),
                         );
+                        let q = match &m.q {
+                            describe::QueryPath::LowRank { norm, b: q_b, .. } => QPath::Low {
+                                a: q_in,
+                                norm: vecf(b, norm)?,
+                                b: b.lin(mat(q_b)?),
+                            },
+                            describe::QueryPath::Direct(_) => QPath::Direct(q_in),
+                        };
+                        Attn::Mla(Box::new(Mla {
+                            xin,
+                            q,
+                            kv_a,
+                            kv_norm: vecf(b, &m.kv_norm)?,
+                            kv_b: b.lin(mat(&m.kv_b)?),
+                            gate,
+                            o: b.lin(mat(&m.o)?),
+                            heads: m.heads,
+                            nope: m.nope,
+                            rope: m.rope,
+                            dv: m.v,
+                            kvl: m.kv_lora,
+                            eps: m.latent_eps,
+                        }))
                     }
-                    let w = heads * dim;
-                    let mut conv = Vec::with_capacity(3 * w * kern);
-                    for p in ["q", "k", "v"] {
-                        conv.extend(
-                            ld.vector(&format!("self_attn.{p}_conv1d.weight"), &[w, 1, kern])?,
-                        );
-                    }
-                    let a_log = if k3 {
-                        let stored = ld.vector("self_attn.A_log", &[dim])?;
-                        if heads > dim {
+                    describe::Attention::Kda(k) => {
+                        let (heads, dim, kern) = (k.heads, k.dim, k.kernel);
+                        let Some((kind, lower)) = KdaKind::of(k) else {
+                            bail!("the CUDA KDA kernel computes K3's and Kimi Linear's gates, not {:?} with {:?}: run this model on the CPU", k.decay, k.qk_norm);
+                        };
+                        if dim % 32 != 0 || dim > 1024 || kern == 0 {
+                            bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
+                        }
+                        // The recurrence holds a head's state and four of its vectors in shared memory.
+                        let smem = kda_smem(dim);
+                        if smem > gpu.dynamic_smem("kda_recurrence") {
                             bail!(
-                                "K3 stores A_log with {dim} entries, fewer than the {heads} heads"
+                                "a KDA head of dimension {dim} needs {smem} bytes of shared memory on the GPU; this GPU \
+                                 offers {}: run this model on the CPU",
+                                gpu.dynamic_smem("kda_recurrence")
                             );
                         }
-                        stored[..heads].to_vec()
-                    } else {
-                        ld.vector("self_attn.A_log", &[1, 1, heads, 1])?
-                    };
-                    let g_in = if k3 {
-                        mat("self_attn.g_proj.weight", w, h)?
-                    } else {
-                        mat("self_attn.g_a_proj.weight", dim, h)?
-                    };
-                    // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
-                    let (xin, parts) = b.fuse(vec![
-                        mat("self_attn.q_proj.weight", w, h)?,
-                        mat("self_attn.k_proj.weight", w, h)?,
-                        mat("self_attn.v_proj.weight", w, h)?,
-                        mat("self_attn.f_a_proj.weight", dim, h)?,
-                        g_in,
-                        mat("self_attn.b_proj.weight", heads, h)?,
-                    ]);
-                    let [q, k, v, f_a, g_in, b_proj]: [Lin; 6] =
-                        parts.try_into().map_err(|_| anyhow!("six parts"))?;
-                    let gate = if k3 {
-                        OutGate::Full(g_in)
-                    } else {
-                        OutGate::Low(g_in, b.lin(mat("self_attn.g_b_proj.weight", w, dim)?))
-                    };
-                    Attn::Kda(Box::new(Kda {
-                        xin,
-                        q,
-                        k,
-                        v,
-                        conv: b.vector(&conv),
-                        f_a,
-                        f_b: b.lin(mat("self_attn.f_b_proj.weight", w, dim)?),
-                        b: b_proj,
-                        a_log: b.vector(&a_log),
-                        dt_bias: vecf(b, "self_attn.dt_bias", &[w])?,
-                        o_norm: vecf(b, "self_attn.o_norm.weight", &[dim])?,
-                        gate,
-                        o: b.lin(mat("self_attn.o_proj.weight", h, w)?),
-                        heads,
-                        dim,
-                        kern,
-                        kind: KdaKind::of(k3),
-                    }))
+                        let mut conv = Vec::with_capacity(3 * heads * dim * kern);
+                        for c in &k.conv {
+                            conv.extend(ld.vector(c)?);
+                        }
+                        // One rate per head, first in either layout.
+                        let a_log = ld.vector(&k.a_log)?[..heads].to_vec();
+                        let (g_in, g_b) = match &k.out_gate {
+                            describe::OutputGate::FullRank(g) => (g, None),
+                            describe::OutputGate::LowRank(g_a, g_b) => (g_a, Some(g_b)),
+                        };
+                        // b last: its few rows would misalign the 16-byte loads of a part read as a matmul input.
+                        let (xin, parts) = b.fuse(vec![
+                            mat(&k.q)?,
+                            mat(&k.k)?,
+                            mat(&k.v)?,
+                            mat(&k.f_a)?,
+                            mat(g_in)?,
+                            mat(&k.b)?,
+                        ]);
+                        let [q, k_proj, v, f_a, g_in, b_proj]: [Lin; 6] =
+                            parts.try_into().map_err(|_| anyhow!("six parts"))?;
+                        let gate = match g_b {
+                            None => OutGate::Full(g_in),
+                            Some(g_b) => OutGate::Low(g_in, b.lin(mat(g_b)?)),
+                        };
+                        Attn::Kda(Box::new(Kda {
+                            xin,
+                            q,
+                            k: k_proj,
+                            v,
+                            conv: b.vector(&conv),
+                            f_a,
+                            f_b: b.lin(mat(&k.f_b)?),
+                            b: b_proj,
+                            a_log: b.vector(&a_log),
+                            dt_bias: vecf(b, &k.dt_bias)?,
+                            o_norm: vecf(b, &k.o_norm)?,
+                            gate,
+                            o: b.lin(mat(&k.o)?),
+                            heads,
+                            dim,
+                            kern,
+                            kind,
+                            lower,
+                        }))
+                    }
                 };
-                let mlp = |b: &mut Block, sub: &str, width: usize| -> Result<Mlp> {
+                let mlp = |b: &mut Block, m: &describe::Mlp| -> Result<Mlp> {
                     Ok(Mlp {
-                        gate: b.lin(mat(&format!("{sub}gate_proj.weight"), width, h)?),
-                        up: b.lin(mat(&format!("{sub}up_proj.weight"), width, h)?),
-                        down: b.lin(mat(&format!("{sub}down_proj.weight"), h, width)?),
+                        act: Act::of(m.act),
+                        gate: b.lin(mat(&m.gate)?),
+                        up: b.lin(mat(&m.up)?),
+                        down: b.lin(mat(&m.down)?),
                     })
                 };
-                let ffn = if cfg.is_dense(l) {
-                    Ffn::Dense(mlp(b, "mlp.", cfg.dense_intermediate)?)
-                } else {
-                    let m = &cfg.moe;
-                    let router = mat("block_sparse_moe.gate.weight", m.num_experts, h)?;
-                    let (xin, router, latent) = match m.latent {
-                        Some(lw) => {
-                            let (xin, parts) = b.fuse(vec![
-                                mat("block_sparse_moe.routed_expert_down_proj.weight", lw, h)?,
-                                router,
-                            ]);
-                            let [down, router]: [Lin; 2] =
-                                parts.try_into().map_err(|_| anyhow!("two parts"))?;
-                            let norm =
-                                vecf(b, "block_sparse_moe.routed_expert_norm.weight", &[lw])?;
-                            let up =
-                                b.lin(mat("block_sparse_moe.routed_expert_up_proj.weight", h, lw)?);
-                            (Some(xin), router, Some((down, norm, up)))
-                        }
-                        None => (None, b.lin(router), None),
-                    };
-                    Ffn::Moe(Box::new(Moe {
-                        xin,
-                        router,
-                        bias: vecf(
-                            b,
-                            "block_sparse_moe.gate.e_score_correction_bias",
-                            &[m.num_experts],
-                        )?,
-                        latent,
-                        shared: mlp(b, "block_sparse_moe.shared_experts.", m.shared_width)?,
-                    }))
+                let ffn = match &d.ffn {
+                    describe::FeedForward::Dense(m) => Ffn::Dense(mlp(b, m)?),
+                    describe::FeedForward::Moe(m) => {
+                        let router = mat(&m.router.gate)?;
+                        let (xin, router, latent) = match &m.latent {
+                            Some(lt) => {
+                                let (xin, parts) = b.fuse(vec![mat(&lt.down)?, router]);
+                                let [down, router]: [Lin; 2] =
+                                    parts.try_into().map_err(|_| anyhow!("two parts"))?;
+                                let norm = vecf(b, &lt.norm)?;
+                                let up = b.lin(mat(&lt.up)?);
+                                (Some(xin), router, Some((down, norm, up)))
+                            }
+                            None => (None, b.lin(router), None),
+                        };
+                        Ffn::Moe(Box::new(Moe {
+                            xin,
+                            router,
+                            bias: vecf(b, &m.router.bias)?,
+                            latent,
+                            shared: mlp(b, &m.shared)?,
+                        }))
+                    }
                 };
                 Ok(Layer {
                     attn_res,
-                    input_norm: vecf(b, "input_layernorm.weight", &[h])?,
+                    input_norm: vecf(b, &d.input_norm)?,
                     attn,
                     mlp_res,
-                    post_norm: vecf(b, "post_attention_layernorm.weight", &[h])?,
+                    post_norm: vecf(b, &d.post_norm)?,
                     ffn,
                 })
             })();
@@ -441,26 +408,19 @@ impl CudaModel {
         }
         // The embeddings and head: always resident.
         let mut head = Block::new();
-        let v = cfg.vocab_size;
-        let embed = ld_mat(&root, "embed_tokens.weight", v, h)?;
+        let embed = ld_mat(&ld, &desc.embed)?;
         // One row of the embedding table is read per token: not counted as matrix bytes.
         let embed = Lin {
             at: head.put(as_bytes(&embed.data)),
-            rows: v,
-            cols: h,
+            rows: embed.rows,
+            cols: embed.cols,
         };
-        let head_root = Loader::new(&ck, if k3 { "language_model." } else { "" });
-        let lm_head = head.lin(ld_mat(&head_root, "lm_head.weight", v, h)?);
-        let out_res = if k3 {
-            Some(head.vector(&root.res_score(
-                "output_attn_res_norm.weight",
-                "output_attn_res_proj.weight",
-                h,
-            )?))
-        } else {
-            None
+        let lm_head = head.lin(ld_mat(&ld, &desc.lm_head)?);
+        let out_res = match &desc.residual {
+            describe::Residual::AttnRes { out, .. } => Some(head.vector(&ld.res_score(out)?)),
+            describe::Residual::PreNorm => None,
         };
-        let norm = head.vector(&root.vector("norm.weight", &[h])?);
+        let norm = head.vector(&ld.vector(&desc.norm)?);
         let spine_bytes = head.matrix_bytes + blocks.iter().map(|b| b.matrix_bytes).sum::<u64>();
         let (spine, streamed) = place_spine(&gpu, head, blocks, opts.spine_vram)?;
 

@@ -1,0 +1,87 @@
+//! The description against checkpoints written in the released layouts (`deltafin-makemodel`): it names every
+//! spine tensor and nothing else, every layer loads from it, and each family's choices are its contract's.
+
+use deltafin_formats::checkpoint::Checkpoint;
+use deltafin_formats::config::ModelConfig;
+use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_models::describe::{
+    ALogLayout, Attention, DecayGate, Description, FeedForward, OutputGate, QkNorm, QueryPath,
+    Residual,
+};
+use deltafin_models::ops::Act;
+use deltafin_models::Model;
+use deltafin_store::record::is_routed_expert;
+use std::collections::BTreeSet;
+
+fn described(arch: Arch) -> (Description, Checkpoint, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    make_model(arch, Preset::Tiny, 0, dir.path()).unwrap();
+    let cfg = ModelConfig::from_dir(dir.path()).unwrap();
+    let desc = Description::of(&cfg).unwrap();
+    Model::load(dir.path()).expect("every described tensor loads with its described shape");
+    (desc, Checkpoint::open(dir.path()).unwrap(), dir)
+}
+
+#[test]
+fn the_description_names_every_spine_tensor_once() {
+    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+        let (desc, ck, _dir) = described(arch);
+        let mut names: Vec<&str> = desc.globals();
+        names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
+        let listed: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(
+            listed.len(),
+            names.len(),
+            "{arch:?}: a tensor is described twice"
+        );
+        let spine: BTreeSet<&str> = ck
+            .tensors()
+            .map(|t| t.name.as_str())
+            .filter(|n| !is_routed_expert(n))
+            .collect();
+        assert_eq!(listed, spine, "{arch:?}");
+    }
+}
+
+#[test]
+fn each_family_makes_its_contract_choices() {
+    let (k3, _, _d1) = described(Arch::KimiK3);
+    let (kl, _, _d2) = described(Arch::KimiLinear);
+    assert!(matches!(k3.residual, Residual::AttnRes { .. }));
+    assert_eq!(kl.residual, Residual::PreNorm);
+    assert_eq!(k3.lm_head.name, "language_model.lm_head.weight");
+    assert_eq!(kl.lm_head.name, "lm_head.weight");
+    for (desc, k3) in [(&k3, true), (&kl, false)] {
+        for l in &desc.layers {
+            assert_eq!(l.res.is_some(), k3);
+            match &l.attn {
+                Attention::Kda(k) => {
+                    assert_eq!(matches!(k.out_gate, OutputGate::FullRank(_)), k3);
+                    let (decay, a_log, qk) = if k3 {
+                        let lower = DecayGate::LowerBoundSigmoid { lower: -5.0 };
+                        (lower, ALogLayout::PaddedToHeadDim, QkNorm::ClampedNorm)
+                    } else {
+                        (
+                            DecayGate::Softplus,
+                            ALogLayout::PerHead,
+                            QkNorm::EpsInsideSqrt,
+                        )
+                    };
+                    assert_eq!((k.decay, k.a_log_layout, k.qk_norm), (decay, a_log, qk));
+                }
+                Attention::Mla(m) => {
+                    assert_eq!(m.gate.is_some(), k3);
+                    assert_eq!(matches!(m.q, QueryPath::LowRank { .. }), k3);
+                }
+            }
+            let act = if k3 { Act::Situ } else { Act::SiluGlu };
+            match &l.ffn {
+                FeedForward::Dense(m) => assert_eq!(m.act, act),
+                FeedForward::Moe(m) => {
+                    assert_eq!((m.act, m.shared.act), (act, act));
+                    assert_eq!(m.latent.is_some(), k3);
+                }
+            }
+        }
+    }
+}
