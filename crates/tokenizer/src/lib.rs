@@ -51,6 +51,9 @@
 //! # }
 //! ```
 //!
+//! gpt-oss speaks harmony: [`chat::harmony::render_harmony`] renders a conversation as openai-harmony
+//! does, [`chat::harmony::HarmonyParser`] turns the completion into the same [`chat::ReplyEvent`]s, and
+//! generation stops at [`Tokenizer::eos_ids`] (from `generation_config.json`: `<|return|>`, `<|call|>`).
 //! Other model families render through their checkpoint's own Jinja chat template:
 //! [`chat::ChatTemplate::from_dir`] and [`chat::ChatTemplate::render`], which also return [`Piece`]s.
 
