@@ -20,13 +20,17 @@ fn harmony() -> &'static Value {
 
 #[derive(Deserialize)]
 struct Fixture {
-    renders: Vec<Conversation>,
+    renders: Vec<Render>,
 }
 
 #[derive(Deserialize)]
-struct Conversation {
+struct Render {
     name: String,
+    mode: String,
+    next_role: Option<String>,
     conversation: Messages,
+    ids: Vec<u32>,
+    text: String,
 }
 
 #[derive(Deserialize)]
@@ -34,32 +38,24 @@ struct Messages {
     messages: Vec<HarmonyMessage>,
 }
 
-fn render(name: &str) -> &'static Value {
-    harmony()["renders"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap()
-}
-
-/// The conversation of `render`, deserialized from the file's text: a `serde_json::Value` would have
+/// The renders of fixture `file`, deserialized from the file's text: a `serde_json::Value` would have
 /// sorted the tool schemas' keys, whose order the render keeps.
-fn messages(render: &Value) -> Vec<HarmonyMessage> {
-    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-    let fixture = FIXTURE.get_or_init(|| {
-        let path = common::fixtures().join("harmony.json");
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    });
-    let name = render["name"].as_str().unwrap();
-    let c = fixture.renders.iter().find(|c| c.name == name).unwrap();
-    c.conversation.messages.clone()
+fn renders(file: &str) -> Vec<Render> {
+    let text = std::fs::read_to_string(common::fixtures().join(file)).unwrap();
+    serde_json::from_str::<Fixture>(&text).unwrap().renders
 }
 
-fn mode(render: &Value) -> RenderMode {
-    match render["mode"].as_str().unwrap() {
+fn render(name: &str) -> Render {
+    renders("harmony.json")
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap()
+}
+
+fn mode(render: &Render) -> RenderMode {
+    match render.mode.as_str() {
         "completion" => {
-            assert_eq!(render["next_role"], "assistant");
+            assert_eq!(render.next_role.as_deref(), Some("assistant"));
             RenderMode::Completion(HarmonyRole::Assistant)
         }
         "render" => RenderMode::Conversation,
@@ -68,30 +64,31 @@ fn mode(render: &Value) -> RenderMode {
     }
 }
 
-#[test]
-fn renders_text_and_ids_as_openai_harmony() {
-    let renders = harmony()["renders"].as_array().unwrap();
-    assert_eq!(renders.len(), 5);
-    for r in renders {
-        let pieces = render_harmony(&messages(r), mode(r)).unwrap();
-        assert_eq!(
-            pieces_text(&pieces),
-            r["text"].as_str().unwrap(),
-            "{}",
-            r["name"]
-        );
-        assert_eq!(
-            tokenizer().encode_pieces(&pieces),
-            ids(&r["ids"]),
-            "{}",
-            r["name"]
-        );
+fn assert_renders_as_openai_harmony(file: &str, count: usize) {
+    let renders = renders(file);
+    assert_eq!(renders.len(), count);
+    for r in &renders {
+        let pieces = render_harmony(&r.conversation.messages, mode(r)).unwrap();
+        assert_eq!(pieces_text(&pieces), r.text, "{}", r.name);
+        assert_eq!(tokenizer().encode_pieces(&pieces), r.ids, "{}", r.name);
     }
 }
 
 #[test]
+fn renders_text_and_ids_as_openai_harmony() {
+    assert_renders_as_openai_harmony("harmony.json", 5);
+}
+
+/// Every schema form harmony turns into TypeScript, built-in tool namespaces, a named user, an
+/// unconstrained content type, the recipient "all" (tools/oracle/harmony_schemas_golden.py).
+#[test]
+fn renders_tool_schemas_and_headers_as_openai_harmony() {
+    assert_renders_as_openai_harmony("harmony_schemas.json", 2);
+}
+
+#[test]
 fn system_content_new_is_openai_harmonys_default() {
-    let basic = messages(render("basic_completion"));
+    let basic = render("basic_completion").conversation.messages;
     let want = HarmonyMessage {
         content: vec![deltafin_tokenizer::chat::harmony::Content::SystemContent(
             SystemContent::new(),
@@ -121,7 +118,9 @@ fn malformed_conversations_are_errors() {
     let err = render_harmony(&[tool], RenderMode::Conversation).unwrap_err();
     assert!(err.to_string().contains("tool's name"), "{err}");
     let mut user = HarmonyMessage::text(HarmonyRole::User, "");
-    user.content = messages(render("basic_completion"))[0].content.clone();
+    user.content = render("basic_completion").conversation.messages[0]
+        .content
+        .clone();
     let err = render_harmony(&[user], RenderMode::Conversation).unwrap_err();
     assert!(err.to_string().contains("user message"), "{err}");
 }
@@ -207,10 +206,10 @@ fn parses_a_tool_call() {
     // The tool call as the model wrote it in the rendered conversation: after `<|start|>assistant`, up to
     // and including `<|call|>`; then text past the stop, which the parser ignores.
     let r = render("tool_call_completion");
-    let text = r["text"].as_str().unwrap();
+    let text = r.text.as_str();
     let start = text.find("<|start|>assistant to=").unwrap() + "<|start|>assistant".len();
     let end = start + text[start..].find("<|call|>").unwrap() + "<|call|>".len();
-    let call = &messages(r)[4];
+    let call = &r.conversation.messages[4];
     let arguments = match &call.content[0] {
         deltafin_tokenizer::chat::harmony::Content::Text { text } => text.clone(),
         other => panic!("{other:?}"),
