@@ -10,6 +10,7 @@ use std::path::Path;
 
 pub(crate) const TIKTOKEN_FILE: &str = "tiktoken.model";
 pub(crate) const CONFIG_FILE: &str = "tokenizer_config.json";
+pub(crate) const GENERATION_FILE: &str = "generation_config.json";
 
 /// Number of reserved special ids K3 places right after its ranks.
 pub const K3_NUM_SPECIALS: u32 = 256;
@@ -204,6 +205,48 @@ pub(crate) fn role_name<'a>(
         },
         Some(other) => bail!("{shown}: {field}: expected a string, found {}", kind(other)),
     }
+}
+
+/// `eos_token_id` of `dir`'s `generation_config.json`: none when the file or the field is absent (or null),
+/// else one id or a list of ids, each one the tokenizer has text for (`is_token`).
+pub(crate) fn generation_eos(
+    dir: &Path,
+    is_token: impl Fn(u32) -> bool,
+    vocab_size: usize,
+) -> Result<Vec<u32>> {
+    let path = dir.join(GENERATION_FILE);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let shown = path.display();
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {shown}"))?;
+    let root: Value =
+        serde_json::from_str(&text).with_context(|| format!("{shown}: expected JSON"))?;
+    let Some(root) = root.as_object() else {
+        bail!(
+            "{shown}: expected a JSON object at the top level, found {}",
+            kind(&root)
+        );
+    };
+    let values = match root.get("eos_token_id") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list.iter().collect(),
+        Some(one) => vec![one],
+    };
+    values
+        .into_iter()
+        .map(|v| {
+            let Some(id) = v.as_u64().and_then(|id| u32::try_from(id).ok()) else {
+                bail!("{shown}: eos_token_id: expected a token id or a list of token ids, found {v}");
+            };
+            ensure!(
+                is_token(id),
+                "{shown}: eos_token_id: {id} is not a token of the tokenizer (vocab size {vocab_size}); \
+                 correct the id or remove it"
+            );
+            Ok(id)
+        })
+        .collect()
 }
 
 fn kind(v: &Value) -> &'static str {

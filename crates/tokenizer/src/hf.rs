@@ -1,4 +1,11 @@
-//! Hugging Face `tokenizer.json`, loaded through the `tokenizers` crate.
+//! Hugging Face `tokenizer.json`, loaded through the `tokenizers` crate — or, when the file is a tiktoken
+//! tokenizer converted by transformers' `TikTokenConverter` (gpt-oss's is), by deltafin's own rank BPE.
+//!
+//! A converted file has no normalizer, splits with tiktoken's pattern then maps bytes with `ByteLevel`
+//! (no regex of its own), and is a byte-level BPE whose ids are the tiktoken ranks (dense, every byte a
+//! token) with merges listed in the order of the ids they make. Rank BPE over those ids is exactly
+//! tiktoken's encoding; the `tokenizers` crate's merge-based BPE and its own regex engine only
+//! approximate it, so such a file whose pattern [`Pattern::from_regex`] knows is encoded natively.
 //!
 //! Plain text is encoded through the tokenizer's normalizer, pre-tokenizer and model only, never its
 //! added-token matcher, so text such as "<|endoftext|>" in user text is ordinary text; added tokens are
@@ -7,9 +14,10 @@
 //! inverse of the GPT-2 byte-to-character alphabet, others through byte fallback (`<0x41>`) and `▁` as a
 //! space.
 
+use crate::pretok::Pattern;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use tokenizers::{Model, Normalizer, OffsetType, PreTokenizedString, PreTokenizer};
 
@@ -21,15 +29,26 @@ pub(crate) struct HfBackend {
     pub model_vocab: usize,
 }
 
-/// What [`load`] returns: the backend plus everything the shared [`crate::Tokenizer`] fields need.
+/// What [`load`] returns: how to encode plus everything the shared [`crate::Tokenizer`] fields need.
 pub(crate) struct Loaded {
-    pub backend: HfBackend,
+    pub engine: Engine,
     /// Bytes of each id (empty for ids that are not in the vocabulary).
     pub tokens: Vec<Vec<u8>>,
     /// Added tokens flagged `special`, by id.
     pub specials: BTreeMap<u32, String>,
     /// Every added token (special or not): recognised in template text.
     pub added: Vec<(String, u32)>,
+    /// bos/eos/pad/unk from `tokenizer_config.json`, in `files::ROLE_FIELDS` order.
+    pub roles: [Option<u32>; 4],
+}
+
+pub(crate) enum Engine {
+    /// A converted tiktoken tokenizer: ids `0..num_ranks` of the token table are its ranks.
+    Ranks {
+        pattern: Pattern,
+        num_ranks: usize,
+    },
+    Crate(Box<HfBackend>),
 }
 
 /// The GPT-2 byte-level alphabet: the character each byte is written as in a byte-level vocabulary.
@@ -100,6 +119,17 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded> {
         None | Some(Value::Null) => bail!("{shown}: expected a \"model\" object, found none"),
         Some(_) => bail!("{shown}: \"model\": expected an object"),
     }
+    let added = added_tokens(&root, &shown)?;
+    if let Some((pattern, tokens)) = converted_tiktoken(&root) {
+        let vocab = &root["model"]["vocab"];
+        let vocab_id = |name: &str| vocab.get(name)?.as_u64()?.try_into().ok();
+        let roles = roles(dir, vocab_id, &added)?;
+        let engine = Engine::Ranks {
+            pattern,
+            num_ranks: tokens.len(),
+        };
+        return assemble(&shown, tokens, added, engine, roles);
+    }
     let tok = tokenizers::Tokenizer::from_bytes(&text).map_err(|e| {
         anyhow::anyhow!("{shown}: not a tokenizer the tokenizers crate can load: {e}")
     })?;
@@ -109,47 +139,172 @@ pub(crate) fn load(dir: &Path) -> Result<Loaded> {
             .iter()
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
-            .collect::<std::collections::HashMap<char, u8>>()
+            .collect::<HashMap<char, u8>>()
     });
     let vocab = tok.get_model().get_vocab();
-    let added = tok.get_added_tokens_decoder();
-    let top = vocab
-        .values()
-        .chain(added.keys())
-        .max()
-        .map_or(0, |&id| id as usize + 1);
-    // Ids are (nearly) dense in any real vocabulary; the table is sized by the largest, so that must be in
-    // proportion to the file.
-    let entries = vocab.len() + added.len();
+    let top = vocab.values().max().map_or(0, |&id| id as usize + 1);
+    check_dense(&shown, top, vocab.len() + added.len())?;
+    let mut tokens = vec![Vec::new(); top];
+    for (token, &id) in &vocab {
+        tokens[id as usize] = token_bytes(token, byte_level.as_ref());
+    }
+    let roles = roles(dir, |name| tok.token_to_id(name), &added)?;
+    let model_vocab = tok.get_model().get_vocab_size();
+    let engine = Engine::Crate(Box::new(HfBackend { tok, model_vocab }));
+    assemble(&shown, tokens, added, engine, roles)
+}
+
+/// Ids are (nearly) dense in any real vocabulary; the token table is sized by the largest, so that must be
+/// in proportion to the file.
+fn check_dense(shown: &impl std::fmt::Display, top: usize, entries: usize) -> Result<()> {
     if top > 2 * entries + 1024 {
         bail!(
             "{shown}: token id {} is far beyond the file's {entries} tokens (ids this sparse mean a damaged file)",
             top - 1
         );
     }
-    let mut tokens = vec![Vec::new(); top];
-    for (token, &id) in &vocab {
-        tokens[id as usize] = token_bytes(token, byte_level.as_ref());
+    Ok(())
+}
+
+/// Added tokens with a non-empty content: (content, id, flagged special).
+fn added_tokens(root: &Value, shown: &impl std::fmt::Display) -> Result<Vec<(String, u32, bool)>> {
+    let Some(list) = root.get("added_tokens").filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let Some(list) = list.as_array() else {
+        bail!("{shown}: \"added_tokens\": expected a list");
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let id = t
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|id| u32::try_from(id).ok());
+        let content = t.get("content").and_then(Value::as_str);
+        let (Some(id), Some(content)) = (id, content) else {
+            bail!("{shown}: added_tokens[{i}]: expected an \"id\" (a token id) and a \"content\" string, found {t}");
+        };
+        if !content.is_empty() {
+            let special = t.get("special").and_then(Value::as_bool).unwrap_or(false);
+            out.push((content.to_string(), id, special));
+        }
     }
+    Ok(out)
+}
+
+/// [`Loaded`] from the vocabulary's bytes by id and the added tokens, whose text joins the table.
+fn assemble(
+    shown: &impl std::fmt::Display,
+    mut tokens: Vec<Vec<u8>>,
+    added: Vec<(String, u32, bool)>,
+    engine: Engine,
+    roles: [Option<u32>; 4],
+) -> Result<Loaded> {
+    let top = added
+        .iter()
+        .map(|&(_, id, _)| id as usize + 1)
+        .fold(tokens.len(), usize::max);
+    check_dense(shown, top, tokens.len() + added.len())?;
+    tokens.resize(top, Vec::new());
     let mut specials = BTreeMap::new();
     let mut added_list = Vec::new();
-    for (&id, t) in &added {
-        if t.content.is_empty() {
-            continue;
+    for (content, id, special) in added {
+        tokens[id as usize] = content.as_bytes().to_vec();
+        if special {
+            specials.insert(id, content.clone());
         }
-        tokens[id as usize] = t.content.as_bytes().to_vec();
-        if t.special {
-            specials.insert(id, t.content.clone());
-        }
-        added_list.push((t.content.clone(), id));
+        added_list.push((content, id));
     }
-    let model_vocab = tok.get_model().get_vocab_size();
     Ok(Loaded {
-        backend: HfBackend { tok, model_vocab },
+        engine,
         tokens,
         specials,
         added: added_list,
+        roles,
     })
+}
+
+/// The pattern and the token bytes by rank when `root` is a converted tiktoken tokenizer (see the module
+/// docs); `None` for any other tokenizer, which the `tokenizers` crate then runs.
+fn converted_tiktoken(root: &Value) -> Option<(Pattern, Vec<Vec<u8>>)> {
+    if !root.get("normalizer").is_none_or(Value::is_null) {
+        return None;
+    }
+    let steps = root["pre_tokenizer"]["pretokenizers"].as_array()?;
+    let [split, bytes] = steps.as_slice() else {
+        return None;
+    };
+    let is = |v: &Value, key: &str, want: Value| v.get(key).unwrap_or(&Value::Null) == &want;
+    if !(root["pre_tokenizer"]["type"] == "Sequence"
+        && split["type"] == "Split"
+        && is(split, "behavior", "Isolated".into())
+        && is(split, "invert", false.into())
+        && bytes["type"] == "ByteLevel"
+        && is(bytes, "use_regex", false.into())
+        && is(bytes, "add_prefix_space", false.into())
+        && root["decoder"]["type"] == "ByteLevel")
+    {
+        return None;
+    }
+    let pattern = Pattern::from_regex(split["pattern"]["Regex"].as_str()?)?;
+    let model = &root["model"];
+    let unset = |key: &str| match model.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        _ => false,
+    };
+    if model["type"] != "BPE"
+        || ![
+            "byte_fallback",
+            "continuing_subword_prefix",
+            "end_of_word_suffix",
+            "dropout",
+        ]
+        .iter()
+        .all(|k| unset(k))
+    {
+        return None;
+    }
+    let inverse: HashMap<char, u8> = byte_level_alphabet()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    let vocab = model["vocab"].as_object()?;
+    let mut tokens = vec![Vec::new(); vocab.len()];
+    for (name, id) in vocab {
+        let slot = tokens.get_mut(usize::try_from(id.as_u64()?).ok()?)?;
+        if !slot.is_empty() {
+            return None;
+        }
+        *slot = name
+            .chars()
+            .map(|c| inverse.get(&c).copied())
+            .collect::<Option<Vec<u8>>>()?;
+    }
+    // Dense ids (n names in n distinct slots), every single byte a token, merges in the order of the ids
+    // they make: then id order is rank order.
+    let ids: HashMap<&[u8], u32> = tokens.iter().map(Vec::as_slice).zip(0..).collect();
+    if ids.len() != tokens.len() || (0..=255u8).any(|b| !ids.contains_key(&[b][..])) {
+        return None;
+    }
+    let mut last = 0;
+    for merge in model["merges"].as_array()? {
+        let (left, right) = match merge {
+            Value::String(s) => s.split_once(' ')?,
+            Value::Array(pair) => match pair.as_slice() {
+                [l, r] => (l.as_str()?, r.as_str()?),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let made = vocab.get(&format!("{left}{right}"))?.as_u64()?;
+        if made < last {
+            return None;
+        }
+        last = made;
+    }
+    Some((pattern, tokens))
 }
 
 impl HfBackend {
@@ -183,15 +338,22 @@ impl HfBackend {
             .get_ids()
             .to_vec())
     }
-
-    pub fn token_to_id(&self, name: &str) -> Option<u32> {
-        self.tok.token_to_id(name)
-    }
 }
 
 /// `bos_token`, `eos_token`, `pad_token`, `unk_token` of an optional `tokenizer_config.json`, resolved
-/// through `lookup`.
-pub(crate) fn roles(dir: &Path, lookup: impl Fn(&str) -> Option<u32>) -> Result<[Option<u32>; 4]> {
+/// among the added tokens, then through `vocab_id`.
+fn roles(
+    dir: &Path,
+    vocab_id: impl Fn(&str) -> Option<u32>,
+    added: &[(String, u32, bool)],
+) -> Result<[Option<u32>; 4]> {
+    let lookup = |name: &str| {
+        added
+            .iter()
+            .find(|(content, _, _)| content == name)
+            .map(|&(_, id, _)| id)
+            .or_else(|| vocab_id(name))
+    };
     let path = dir.join(crate::files::CONFIG_FILE);
     let mut roles = [None; 4];
     if !path.exists() {

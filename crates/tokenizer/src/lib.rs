@@ -1,13 +1,15 @@
 //! tiktoken-format byte-level BPE with K3's special tokens, chat rendering and reply parsing.
 //!
 //! `tiktoken.model` holds the ranks (rank = id); `tokenizer_config.json` names the added (special) ids
-//! above them.
+//! above them. A Hugging Face `tokenizer.json` loads too: a converted tiktoken tokenizer (gpt-oss's
+//! o200k_harmony) with the same rank BPE and its own pattern, any other through the `tokenizers` crate.
 //!
 //! # Encoding
 //!
 //! - [`Tokenizer::encode`] / [`Tokenizer::encode_bytes`]: ordinary text. Never produces special ids: text
 //!   such as "<|open|>" is BPE'd like any other text. Pre-tokenization is a linear-time scanner with
-//!   exactly the semantics of Kimi's regex ([`pretok::KIMI_PATTERN`]); invalid UTF-8 given to
+//!   exactly the semantics of tiktoken's regex (Kimi's [`pretok::KIMI_PATTERN`] or o200k's
+//!   [`pretok::O200K_PATTERN`]); invalid UTF-8 given to
 //!   `encode_bytes` is pre-tokenized as if each invalid subsequence were U+FFFD, and BPE'd as its raw
 //!   bytes, so decoding gives the input back byte for byte.
 //! - [`Tokenizer::encode_pieces`]: a rendered chat, as [`Piece`]s. Special-token names are recognised
@@ -49,6 +51,9 @@
 //! # }
 //! ```
 //!
+//! gpt-oss speaks harmony: [`chat::harmony::render_harmony`] renders a conversation as openai-harmony
+//! does, [`chat::harmony::HarmonyParser`] turns the completion into the same [`chat::ReplyEvent`]s, and
+//! generation stops at [`Tokenizer::eos_ids`] (from `generation_config.json`: `<|return|>`, `<|call|>`).
 //! Other model families render through their checkpoint's own Jinja chat template:
 //! [`chat::ChatTemplate::from_dir`] and [`chat::ChatTemplate::render`], which also return [`Piece`]s.
 
@@ -65,7 +70,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 pub use files::{k3_special_name, write_tiktoken_files, K3_NUM_SPECIALS};
-pub use pretok::{pretokenize, pretokenize_bytes};
+pub use pretok::{pretokenize, pretokenize_bytes, Pattern};
 pub use stream::StreamDecoder;
 pub use train::train_bpe;
 
@@ -78,6 +83,8 @@ pub struct Tokenizer {
     special_ids: HashMap<String, u32>,
     /// Ids of bos/eos/pad/unk from the config, in `files::ROLE_FIELDS` order.
     roles: [Option<u32>; 4],
+    /// `eos_token_id` of `generation_config.json` (one id or a list), if the directory has one.
+    generation_eos: Vec<u32>,
     /// Special names, longest first, and which bytes start one (for [`Tokenizer::encode_pieces`]).
     specials_by_len: Vec<(String, u32)>,
     special_first_bytes: [bool; 256],
@@ -87,10 +94,12 @@ pub struct Tokenizer {
 // One per tokenizer, so the inline 1 KiB byte table costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 enum Backend {
-    /// `tiktoken.model`: Kimi pre-tokenizer plus rank BPE.
+    /// Rank BPE after one of the scanner's pre-tokenizers: K3's `tiktoken.model` (Kimi's pattern) or a
+    /// converted tiktoken `tokenizer.json` (its own pattern, e.g. gpt-oss's o200k).
     Tiktoken {
         ranks: HashMap<Vec<u8>, u32>,
         byte_rank: [u32; 256],
+        pattern: Pattern,
     },
     /// Hugging Face `tokenizer.json` through the `tokenizers` crate.
     Hf(Box<hf::HfBackend>),
@@ -124,9 +133,12 @@ impl Tokenizer {
     /// Loads `tiktoken.model` and `tokenizer_config.json` from `dir`. Errors name the file and the line or
     /// field at fault, with what was expected and what was found.
     ///
-    /// A directory with `tokenizer.json` and no `tiktoken.model` loads that instead, through the
-    /// `tokenizers` crate: its added tokens flagged `special` are the specials; every added token is
-    /// recognised in template text; bos/eos/pad/unk come from `tokenizer_config.json` where present.
+    /// A directory with `tokenizer.json` and no `tiktoken.model` loads that instead: a converted tiktoken
+    /// tokenizer (gpt-oss's) with deltafin's own rank BPE, any other through the `tokenizers` crate. Its
+    /// added tokens flagged `special` are the specials; every added token is recognised in template text;
+    /// bos/eos/pad/unk come from `tokenizer_config.json` where present.
+    ///
+    /// Either way `generation_config.json`, where present, adds its `eos_token_id`s to [`Self::eos_ids`].
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         if !dir.join(files::TIKTOKEN_FILE).exists() && dir.join(hf::HF_FILE).exists() {
             return Self::from_hf_dir(dir);
@@ -155,65 +167,69 @@ impl Tokenizer {
             .with_context(|| format!("reading {}", config_path.display()))?;
         let config = files::parse_config(&config_path, &config, tokens.len())?;
 
-        let ranks: HashMap<Vec<u8>, u32> = tokens.iter().cloned().zip(0..).collect();
-        let byte_rank = std::array::from_fn(|b| ranks[&[b as u8][..]]);
-        let special_ids = config
+        let backend = rank_backend(&tokens, Pattern::Kimi);
+        let added = config
             .specials
             .iter()
             .map(|(&id, name)| (name.clone(), id))
             .collect();
-        let mut specials_by_len: Vec<(String, u32)> = config
-            .specials
-            .iter()
-            .map(|(&id, name)| (name.clone(), id))
-            .collect();
-        specials_by_len.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
-        let mut special_first_bytes = [false; 256];
-        for (name, _) in &specials_by_len {
-            special_first_bytes[name.as_bytes()[0] as usize] = true;
-        }
-        Ok(Tokenizer {
-            tokens,
-            backend: Backend::Tiktoken { ranks, byte_rank },
-            specials: config.specials,
-            special_ids,
-            roles: config.roles,
-            specials_by_len,
-            special_first_bytes,
-        })
+        Self::assemble(dir, tokens, backend, config.specials, added, config.roles)
     }
 
     fn from_hf_dir(dir: &Path) -> Result<Tokenizer> {
         let loaded = hf::load(dir)?;
-        let special_ids: HashMap<String, u32> = loaded
-            .specials
+        let backend = match loaded.engine {
+            hf::Engine::Ranks { pattern, num_ranks } => {
+                rank_backend(&loaded.tokens[..num_ranks], pattern)
+            }
+            hf::Engine::Crate(b) => Backend::Hf(b),
+        };
+        Self::assemble(
+            dir,
+            loaded.tokens,
+            backend,
+            loaded.specials,
+            loaded.added,
+            loaded.roles,
+        )
+    }
+
+    /// The tokenizer from its parts; `added` (specials and other added tokens) are recognised in template
+    /// text, and `generation_config.json`'s `eos_token_id` is read from `dir`.
+    fn assemble(
+        dir: &Path,
+        tokens: Vec<Vec<u8>>,
+        backend: Backend,
+        specials: BTreeMap<u32, String>,
+        mut added: Vec<(String, u32)>,
+        roles: [Option<u32>; 4],
+    ) -> Result<Tokenizer> {
+        let special_ids = specials
             .iter()
             .map(|(&id, name)| (name.clone(), id))
             .collect();
-        let roles = hf::roles(dir, |name| {
-            special_ids
-                .get(name)
-                .copied()
-                .or_else(|| loaded.backend.token_to_id(name))
-        })?;
-        let mut specials_by_len = loaded.added;
-        specials_by_len.sort_by(|(a, ia), (b, ib)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
+        added.sort_by(|(a, ia), (b, ib)| b.len().cmp(&a.len()).then(ia.cmp(ib)));
         let mut special_first_bytes = [false; 256];
-        for (name, _) in &specials_by_len {
+        for (name, _) in &added {
             special_first_bytes[name.as_bytes()[0] as usize] = true;
         }
-        Ok(Tokenizer {
-            tokens: loaded.tokens,
-            backend: Backend::Hf(Box::new(loaded.backend)),
-            specials: loaded.specials,
+        let mut tok = Tokenizer {
+            tokens,
+            backend,
+            specials,
             special_ids,
             roles,
-            specials_by_len,
+            generation_eos: Vec::new(),
+            specials_by_len: added,
             special_first_bytes,
-        })
+        };
+        tok.generation_eos =
+            files::generation_eos(dir, |id| tok.token_bytes(id).is_some(), tok.vocab_size())?;
+        Ok(tok)
     }
 
-    /// Encodes ordinary text: Kimi pre-tokenizer, then rank BPE per piece (a piece that is itself a token
+    /// Encodes ordinary text: the pre-tokenizer (Kimi's, or the pattern of a converted `tokenizer.json`),
+    /// then rank BPE per piece (a piece that is itself a token
     /// maps to it directly, as in tiktoken). Special-token names in `text` are ordinary text.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         self.encode_bytes(text.as_bytes())
@@ -230,11 +246,15 @@ impl Tokenizer {
     }
 
     fn encode_into(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        let (ranks, byte_rank) = match &self.backend {
-            Backend::Tiktoken { ranks, byte_rank } => (ranks, byte_rank),
+        let (ranks, byte_rank, pattern) = match &self.backend {
+            Backend::Tiktoken {
+                ranks,
+                byte_rank,
+                pattern,
+            } => (ranks, byte_rank, *pattern),
             Backend::Hf(hf) => return hf.encode_into(&String::from_utf8_lossy(bytes), out),
         };
-        for piece in pretokenize_bytes(bytes) {
+        for piece in pattern.pieces(bytes) {
             match ranks.get(piece) {
                 Some(&id) => out.push(id),
                 None => bpe::encode_piece(piece, ranks, byte_rank, out),
@@ -345,12 +365,21 @@ impl Tokenizer {
         self.tokens.len().max(top_special)
     }
 
-    /// Number of BPE ranks in `tiktoken.model` (ids 0..num_ranks); for `tokenizer.json`, the size of the
-    /// model's own vocabulary (added tokens not counted).
+    /// Number of BPE ranks (ids 0..num_ranks); for a `tokenizer.json` the `tokenizers` crate runs, the
+    /// size of the model's own vocabulary (added tokens not counted).
     pub fn num_ranks(&self) -> usize {
         match &self.backend {
-            Backend::Tiktoken { .. } => self.tokens.len(),
+            Backend::Tiktoken { ranks, .. } => ranks.len(),
             Backend::Hf(hf) => hf.model_vocab,
+        }
+    }
+
+    /// The pre-tokenizer pattern, when deltafin runs the BPE itself (not for a `tokenizer.json` the
+    /// `tokenizers` crate runs).
+    pub fn pattern(&self) -> Option<Pattern> {
+        match &self.backend {
+            Backend::Tiktoken { pattern, .. } => Some(*pattern),
+            Backend::Hf(_) => None,
         }
     }
 
@@ -364,6 +393,21 @@ impl Tokenizer {
         self.roles[1]
     }
 
+    /// Every id that ends generation by the checkpoint's own files: `eos_token_id` of
+    /// `generation_config.json` (gpt-oss lists `<|return|>`, `<|endoftext|>` and `<|call|>` there) and the
+    /// config's `eos_token`; sorted, without repeats.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .generation_eos
+            .iter()
+            .copied()
+            .chain(self.eos_id())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// `pad_token` from the config, resolved to its id.
     pub fn pad_id(&self) -> Option<u32> {
         self.roles[2]
@@ -372,6 +416,17 @@ impl Tokenizer {
     /// `unk_token` from the config, resolved to its id.
     pub fn unk_id(&self) -> Option<u32> {
         self.roles[3]
+    }
+}
+
+/// Rank BPE over `tokens` (rank = position), which hold every single byte.
+fn rank_backend(tokens: &[Vec<u8>], pattern: Pattern) -> Backend {
+    let ranks: HashMap<Vec<u8>, u32> = tokens.iter().cloned().zip(0..).collect();
+    let byte_rank = std::array::from_fn(|b| ranks[&[b as u8][..]]);
+    Backend::Tiktoken {
+        ranks,
+        byte_rank,
+        pattern,
     }
 }
 

@@ -1,6 +1,9 @@
-//! Kimi's pre-tokenizer: cuts text into the pieces BPE sees, as a hand-written linear-time scanner.
+//! Pre-tokenizers (Kimi's and tiktoken's o200k): cut text into the pieces BPE sees, as a hand-written
+//! linear-time scanner.
 //!
-//! The pieces are exactly the matches of [`KIMI_PATTERN`] under backtracking (leftmost-first) regex
+//! The two patterns ([`KIMI_PATTERN`], [`O200K_PATTERN`]) share their structure; o200k has no Han
+//! alternative (so its letter classes include Han) and lets `/` follow a punctuation run as newlines
+//! do. The pieces are exactly the matches of the [`Pattern`] under backtracking (leftmost-first) regex
 //! semantics — the semantics tiktoken gets from fancy-regex — but found without backtracking: every
 //! alternative below is matched by forward scans that remember the positions a backtracking engine
 //! would fall back to, so each input byte is looked at a bounded number of times. A backtracking
@@ -30,19 +33,94 @@ pub const KIMI_PATTERN: &str = concat!(
     r"|\s+",
 );
 
-// One bit per class expression of the pattern.
-const HAN: u8 = 1; // [\p{Han}]
-const UPPER: u8 = 2; // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
-const LOWER: u8 = 4; // [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
+/// tiktoken's `o200k_base` pattern (also `o200k_harmony`'s, gpt-oss's), as `tiktoken_ext/openai_public.py`
+/// joins it.
+pub const O200K_PATTERN: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"|\s*[\r\n]+",
+    r"|\s+(?!\S)",
+    r"|\s+",
+);
+
+/// A pre-tokenizer pattern the scanner implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// [`KIMI_PATTERN`] (K3's `tiktoken.model`).
+    Kimi,
+    /// [`O200K_PATTERN`] (gpt-oss's o200k_harmony).
+    O200k,
+}
+
+impl Pattern {
+    /// The pattern as tiktoken writes it.
+    pub fn regex(self) -> &'static str {
+        match self {
+            Pattern::Kimi => KIMI_PATTERN,
+            Pattern::O200k => O200K_PATTERN,
+        }
+    }
+
+    /// The pattern whose regex is exactly `regex`, if the scanner implements it.
+    pub fn from_regex(regex: &str) -> Option<Pattern> {
+        [Pattern::Kimi, Pattern::O200k]
+            .into_iter()
+            .find(|p| p.regex() == regex)
+    }
+
+    /// Splits `bytes` into the pieces BPE sees; their concatenation is always exactly `bytes`. Valid
+    /// UTF-8 splits exactly as tiktoken splits it with [`Self::regex`]; invalid sequences are treated as
+    /// U+FFFD (see the module docs). Time is linear in the input length.
+    pub fn pieces(self, bytes: &[u8]) -> Pieces<'_> {
+        Pieces {
+            scanner: Scanner {
+                b: bytes,
+                t: table(self),
+                slash_after_punct: self == Pattern::O200k,
+            },
+            pos: 0,
+        }
+    }
+
+    /// Splits `text` into the pieces BPE sees; their concatenation is always exactly `text`.
+    pub fn split(self, text: &str) -> Vec<&str> {
+        let mut pos = 0;
+        self.pieces(text.as_bytes())
+            .map(|piece| {
+                // Pieces of valid UTF-8 end on character boundaries, so the slice cannot panic.
+                let s = &text[pos..pos + piece.len()];
+                pos += piece.len();
+                s
+            })
+            .collect()
+    }
+}
+
+// One bit per class expression of the patterns.
+const HAN: u8 = 1; // [\p{Han}] (Kimi only)
+const UPPER: u8 = 2; // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] (Kimi: && [^\p{Han}])
+const LOWER: u8 = 4; // [\p{Ll}\p{Lm}\p{Lo}\p{M}] (Kimi: && [^\p{Han}])
 const PREFIX: u8 = 8; // [^\r\n\p{L}\p{N}]
 const DIGIT: u8 = 16; // \p{N}
 const PUNCT: u8 = 32; // [^\s\p{L}\p{N}]
 const SPACE: u8 = 64; // \s
 
-const CLASSES: [(u8, &str); 7] = [
+const KIMI_CLASSES: &[(u8, &str)] = &[
     (HAN, r"[\p{Han}]"),
     (UPPER, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"),
     (LOWER, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"),
+    (PREFIX, r"[^\r\n\p{L}\p{N}]"),
+    (DIGIT, r"\p{N}"),
+    (PUNCT, r"[^\s\p{L}\p{N}]"),
+    (SPACE, r"\s"),
+];
+
+/// o200k's classes: no Han alternative, so the letter classes keep Han and the HAN bit is never set.
+const O200K_CLASSES: &[(u8, &str)] = &[
+    (UPPER, r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"),
+    (LOWER, r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"),
     (PREFIX, r"[^\r\n\p{L}\p{N}]"),
     (DIGIT, r"\p{N}"),
     (PUNCT, r"[^\s\p{L}\p{N}]"),
@@ -70,44 +148,50 @@ fn class_ranges(expr: &str) -> Vec<(u32, u32)> {
     }
 }
 
-fn table() -> &'static ClassTable {
-    static TABLE: OnceLock<ClassTable> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let classes: Vec<(u8, Vec<(u32, u32)>)> = CLASSES
-            .iter()
-            .map(|&(bit, expr)| (bit, class_ranges(expr)))
-            .collect();
-        let bits_of = |cp: u32| {
-            classes.iter().fold(0u8, |acc, (bit, ranges)| {
-                let i = ranges.partition_point(|&(_, end)| end < cp);
-                if i < ranges.len() && ranges[i].0 <= cp {
-                    acc | bit
-                } else {
-                    acc
-                }
-            })
-        };
-        let mut starts: Vec<u32> = vec![0];
-        for (_, ranges) in &classes {
-            for &(s, e) in ranges {
-                starts.push(s);
-                starts.push(e + 1);
+fn table(pattern: Pattern) -> &'static ClassTable {
+    static KIMI: OnceLock<ClassTable> = OnceLock::new();
+    static O200K: OnceLock<ClassTable> = OnceLock::new();
+    match pattern {
+        Pattern::Kimi => KIMI.get_or_init(|| build_table(KIMI_CLASSES)),
+        Pattern::O200k => O200K.get_or_init(|| build_table(O200K_CLASSES)),
+    }
+}
+
+fn build_table(class_exprs: &[(u8, &str)]) -> ClassTable {
+    let classes: Vec<(u8, Vec<(u32, u32)>)> = class_exprs
+        .iter()
+        .map(|&(bit, expr)| (bit, class_ranges(expr)))
+        .collect();
+    let bits_of = |cp: u32| {
+        classes.iter().fold(0u8, |acc, (bit, ranges)| {
+            let i = ranges.partition_point(|&(_, end)| end < cp);
+            if i < ranges.len() && ranges[i].0 <= cp {
+                acc | bit
+            } else {
+                acc
             }
+        })
+    };
+    let mut starts: Vec<u32> = vec![0];
+    for (_, ranges) in &classes {
+        for &(s, e) in ranges {
+            starts.push(s);
+            starts.push(e + 1);
         }
-        starts.sort_unstable();
-        starts.dedup();
-        let mut runs: Vec<(u32, u8)> = Vec::new();
-        for s in starts {
-            let bits = bits_of(s);
-            if runs.last().is_none_or(|&(_, b)| b != bits) {
-                runs.push((s, bits));
-            }
+    }
+    starts.sort_unstable();
+    starts.dedup();
+    let mut runs: Vec<(u32, u8)> = Vec::new();
+    for s in starts {
+        let bits = bits_of(s);
+        if runs.last().is_none_or(|&(_, b)| b != bits) {
+            runs.push((s, bits));
         }
-        ClassTable {
-            ascii: std::array::from_fn(|c| bits_of(c as u32)),
-            runs,
-        }
-    })
+    }
+    ClassTable {
+        ascii: std::array::from_fn(|c| bits_of(c as u32)),
+        runs,
+    }
 }
 
 impl ClassTable {
@@ -163,6 +247,8 @@ fn folds_to(c: u32, lower: u8) -> bool {
 struct Scanner<'a> {
     b: &'a [u8],
     t: &'static ClassTable,
+    /// o200k's punctuation alternative ends in `[\r\n/]*`, Kimi's in `[\r\n]*`.
+    slash_after_punct: bool,
 }
 
 impl Scanner<'_> {
@@ -197,6 +283,17 @@ impl Scanner<'_> {
     /// End of the run of `\r`/`\n` from `i`.
     fn newline_run_end(&self, mut i: usize) -> usize {
         while matches!(self.b.get(i), Some(b'\r' | b'\n')) {
+            i += 1;
+        }
+        i
+    }
+
+    /// End of the run of `\r`/`\n` (and `/` where the pattern allows it) that may follow punctuation.
+    fn punct_tail_end(&self, mut i: usize) -> usize {
+        while let Some(&c) = self.b.get(i) {
+            if !(c == b'\r' || c == b'\n' || (self.slash_after_punct && c == b'/')) {
+                break;
+            }
             i += 1;
         }
         i
@@ -287,13 +384,13 @@ impl Scanner<'_> {
             }
             return e;
         }
-        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*` (o200k: `[\r\n/]*`)
         for j in [(cp0 == ' ' as u32).then_some(i + 1), Some(i)]
             .into_iter()
             .flatten()
         {
             if self.bits(j) & PUNCT != 0 {
-                return self.newline_run_end(self.run_end(j, PUNCT));
+                return self.punct_tail_end(self.run_end(j, PUNCT));
             }
         }
         // One scan of the whitespace run from i serves the last three alternatives.
@@ -357,30 +454,14 @@ impl<'a> Iterator for Pieces<'a> {
     }
 }
 
-/// Splits `bytes` into the pieces BPE sees; their concatenation is always exactly `bytes`. Valid UTF-8
-/// splits exactly as tiktoken splits it with [`KIMI_PATTERN`]; invalid sequences are treated as U+FFFD
-/// (see the module docs). Time is linear in the input length.
+/// [`Pattern::pieces`] with Kimi's pattern.
 pub fn pretokenize_bytes(bytes: &[u8]) -> Pieces<'_> {
-    Pieces {
-        scanner: Scanner {
-            b: bytes,
-            t: table(),
-        },
-        pos: 0,
-    }
+    Pattern::Kimi.pieces(bytes)
 }
 
-/// Splits `text` into the pieces BPE sees; their concatenation is always exactly `text`.
+/// [`Pattern::split`] with Kimi's pattern.
 pub fn pretokenize(text: &str) -> Vec<&str> {
-    let mut pos = 0;
-    pretokenize_bytes(text.as_bytes())
-        .map(|piece| {
-            // Pieces of valid UTF-8 end on character boundaries, so the slice cannot panic.
-            let s = &text[pos..pos + piece.len()];
-            pos += piece.len();
-            s
-        })
-        .collect()
+    Pattern::Kimi.split(text)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Chat prompts and replies: K3's XTML format, other families' Jinja templates, and a streaming reply
-//! parser.
+//! Chat prompts and replies: K3's XTML format, gpt-oss's harmony format ([`harmony`]), other families'
+//! Jinja templates, and streaming reply parsers.
 //!
 //! Rendering produces [`Piece`]s for [`crate::Tokenizer::encode_pieces`]: the format's own markup is
 //! [`Piece::Template`] (special names in it become special ids) and everything from the conversation —
@@ -27,6 +27,7 @@
 //! `<|open|>message role="assistant"<|sep|><|open|>think<|sep|>REASONING<|close|>think<|sep|>`
 //! `<|open|>response<|sep|>CONTENT<|close|>response<|sep|>[TOOL CALLS]<|close|>message<|sep|><|end_of_msg|>`.
 
+pub mod harmony;
 mod reply;
 mod template;
 #[cfg(test)]

@@ -201,7 +201,7 @@ impl ReplyParser {
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of one of `markers`.
-fn held_suffix(text: &str, markers: &[&str]) -> usize {
+pub(super) fn held_suffix(text: &str, markers: &[&str]) -> usize {
     let longest = markers.iter().map(|m| m.len() - 1).max().unwrap_or(0);
     (1..=longest.min(text.len()))
         .rev()

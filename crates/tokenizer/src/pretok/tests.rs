@@ -1,12 +1,19 @@
-use super::{class_ranges, decode_at, folds_to, pretokenize, pretokenize_bytes, KIMI_PATTERN};
+use super::{class_ranges, decode_at, folds_to, pretokenize, pretokenize_bytes, Pattern};
 use fancy_regex::Regex;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+const PATTERNS: [Pattern; 2] = [Pattern::Kimi, Pattern::O200k];
+
 /// The oracle: the pattern run by fancy-regex (tiktoken's engine), whose matches must tile the text.
-fn regex_pieces(text: &str) -> Vec<&str> {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    let re = RE.get_or_init(|| Regex::new(KIMI_PATTERN).unwrap());
+fn regex_pieces(pattern: Pattern, text: &str) -> Vec<&str> {
+    static KIMI: OnceLock<Regex> = OnceLock::new();
+    static O200K: OnceLock<Regex> = OnceLock::new();
+    let re = match pattern {
+        Pattern::Kimi => &KIMI,
+        Pattern::O200k => &O200K,
+    }
+    .get_or_init(|| Regex::new(pattern.regex()).unwrap());
     let mut pieces = Vec::new();
     let mut pos = 0;
     for m in re.find_iter(text) {
@@ -43,11 +50,17 @@ const ALPHABET: &[char] = &[
     'Ж', 'ж', 'Ω', 'ω', 'ß', 'ẞ', 'İ', '\u{301}', '\u{302A}', '\u{903}', 'ा', 'ب', '0', '1', '9',
     '٣', '²', 'Ⅻ', ' ', ' ', ' ', '\t', '\n', '\n', '\r', '\u{b}', '\u{c}', '\u{85}', '\u{a0}',
     '\u{2028}', '\u{3000}', '\u{200d}', '\u{feff}', '!', '.', ',', '"', '<', '|', '>', '-', '_',
-    '(', '{', '\u{fffd}', '😀', '👍', '🏽', '、', '。', '€',
+    '(', '{', '/', '/', '\u{fffd}', '😀', '👍', '🏽', '、', '。', '€',
 ];
 
 #[test]
 fn matches_fancy_regex_on_random_text() {
+    for pattern in PATTERNS {
+        matches_fancy_regex_on_random_text_with(pattern);
+    }
+}
+
+fn matches_fancy_regex_on_random_text_with(pattern: Pattern) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for case in 0..40_000 {
         let len = rng.below(if case % 100 == 0 { 400 } else { 24 });
@@ -66,9 +79,9 @@ fn matches_fancy_regex_on_random_text() {
             })
             .collect();
         assert_eq!(
-            pretokenize(&text),
-            regex_pieces(&text),
-            "pieces of {text:?}"
+            pattern.split(&text),
+            regex_pieces(pattern, &text),
+            "{pattern:?} pieces of {text:?}"
         );
     }
 }
@@ -78,18 +91,21 @@ fn matches_fancy_regex_for_every_code_point() {
     // Each scalar value in contexts that exercise every alternative: doubled, after a space, before a
     // lowercase letter and a contraction, after an uppercase letter, and around newlines.
     let chars: Vec<char> = (0..=0x10_FFFFu32).filter_map(char::from_u32).collect();
-    for chunk in chars.chunks(512) {
+    for (pattern, chunk) in PATTERNS
+        .into_iter()
+        .flat_map(|p| chars.chunks(512).map(move |c| (p, c)))
+    {
         let mut text = String::new();
         for &c in chunk {
             text.extend([
                 c, c, ' ', c, 'a', '\'', 'S', 'X', c, '\n', c, ' ', ' ', '1', c,
             ]);
         }
-        let (ours, theirs) = (pretokenize(&text), regex_pieces(&text));
+        let (ours, theirs) = (pattern.split(&text), regex_pieces(pattern, &text));
         if ours != theirs {
             let at = ours.iter().zip(&theirs).position(|(a, b)| a != b).unwrap();
             panic!(
-                "first difference at piece {at}: ours {:?}, fancy-regex {:?}",
+                "{pattern:?}: first difference at piece {at}: ours {:?}, fancy-regex {:?}",
                 &ours[at..(at + 3).min(ours.len())],
                 &theirs[at..(at + 3).min(theirs.len())]
             );
@@ -135,6 +151,25 @@ fn splits_hand_written_cases() {
     ];
     for (text, want) in cases {
         assert_eq!(pretokenize(text), *want, "pieces of {text:?}");
+    }
+}
+
+#[test]
+fn splits_o200k_cases() {
+    // Where o200k differs from Kimi: Han joins the letter runs, and `/` may follow punctuation.
+    let cases: &[(&str, &[&str])] = &[
+        ("我爱北京天安门 ok", &["我爱北京天安门", " ok"]),
+        ("日本語のテキスト", &["日本語のテキスト"]),
+        (
+            "https://x.com/a//b",
+            &["https", "://", "x", ".com", "/a", "//", "b"],
+        ),
+        ("a!/\n/x", &["a", "!/\n/", "x"]),
+        ("</div>\n\n/*", &["</", "div", ">\n\n/", "*"]),
+        ("I'LL go, don't", &["I'LL", " go", ",", " don't"]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(Pattern::O200k.split(text), *want, "pieces of {text:?}");
     }
 }
 
@@ -244,9 +279,8 @@ fn linear_time_on_adversarial_input() {
 #[test]
 fn pieces_tile_long_and_odd_input() {
     for (_, input) in adversarial(100_000) {
-        assert_eq!(
-            pretokenize_bytes(&input).collect::<Vec<_>>().concat(),
-            input
-        );
+        for pattern in PATTERNS {
+            assert_eq!(pattern.pieces(&input).collect::<Vec<_>>().concat(), input);
+        }
     }
 }
