@@ -94,7 +94,7 @@ impl ChatFormat {
 
     /// Ids that end the assistant's turn.
     pub fn stop_ids(&self, tok: &Tokenizer, model_eos: Option<u32>) -> Vec<u32> {
-        let mut ids: Vec<u32> = model_eos.into_iter().chain(tok.eos_id()).collect();
+        let mut ids: Vec<u32> = model_eos.into_iter().chain(tok.eos_ids()).collect();
         if let ChatFormat::K3 = self {
             ids.extend(tok.special_id(K3_END_OF_MSG));
         }

@@ -4,7 +4,8 @@
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use deltafin_tokenizer::chat::{
-    parse_reply, ChatMessage, ChatTemplate, ReplyEvent, ReplyParser, ToolCall,
+    harmony::HarmonyParser, parse_reply, ChatMessage, ChatTemplate, ReplyEvent, ReplyParser,
+    ToolCall,
 };
 use deltafin_tokenizer::Tokenizer;
 use std::path::Path;
@@ -107,13 +108,46 @@ fn render(dir: &Path) {
     }
 }
 
-/// The reply parsed whole must equal the reply streamed in pieces (cut where the input's bytes say).
-pub fn reply(data: &[u8]) {
-    let text = String::from_utf8_lossy(data);
-    let whole = parse_reply(&text);
-    let mut streamed = (String::new(), String::new(), Vec::new());
-    let mut parser = ReplyParser::new();
-    let mut rest: &str = &text;
+/// A reply parser fed in pieces: K3's and harmony's.
+trait Parser {
+    fn push(&mut self, text: &str) -> Vec<ReplyEvent>;
+    fn finish(&mut self, text: &str) -> Vec<ReplyEvent>;
+}
+
+impl Parser for ReplyParser {
+    fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
+        ReplyParser::push(self, text)
+    }
+    fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
+        ReplyParser::finish(self, text)
+    }
+}
+
+impl Parser for HarmonyParser {
+    fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
+        HarmonyParser::push(self, text)
+    }
+    fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
+        HarmonyParser::finish(self, text)
+    }
+}
+
+/// Reasoning, content and tool calls of `events`, joined.
+fn joined(events: Vec<ReplyEvent>) -> (String, String, Vec<ToolCall>) {
+    let mut out = (String::new(), String::new(), Vec::new());
+    for e in events {
+        match e {
+            ReplyEvent::Reasoning(t) => out.0.push_str(&t),
+            ReplyEvent::Content(t) => out.1.push_str(&t),
+            ReplyEvent::ToolCall(c) => out.2.push(c),
+        }
+    }
+    out
+}
+
+/// `parser` fed the text in pieces (cut where the input's bytes say), then finished.
+fn streamed(mut parser: impl Parser, data: &[u8], text: &str) -> (String, String, Vec<ToolCall>) {
+    let mut rest = text;
     let mut cuts = data.iter().map(|&b| 1 + b as usize % 7);
     let mut events = Vec::new();
     while !rest.is_empty() {
@@ -125,16 +159,23 @@ pub fn reply(data: &[u8]) {
         rest = &rest[at..];
     }
     events.extend(parser.finish(""));
-    for e in events {
-        match e {
-            ReplyEvent::Reasoning(t) => streamed.0.push_str(&t),
-            ReplyEvent::Content(t) => streamed.1.push_str(&t),
-            ReplyEvent::ToolCall(c) => streamed.2.push(c),
-        }
-    }
+    joined(events)
+}
+
+/// The reply parsed whole must equal the reply streamed in pieces, for K3's parser and harmony's.
+pub fn reply(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let whole = parse_reply(&text);
     assert_eq!(
         (whole.reasoning, whole.content, whole.tool_calls),
-        streamed,
+        streamed(ReplyParser::new(), data, &text),
         "streaming {text:?} in pieces parsed differently from the whole"
+    );
+    let mut harmony = HarmonyParser::new();
+    let whole = joined(harmony.finish(&text));
+    assert_eq!(
+        whole,
+        streamed(HarmonyParser::new(), data, &text),
+        "harmony: streaming {text:?} in pieces parsed differently from the whole"
     );
 }

@@ -109,7 +109,7 @@ pub async fn serve<B: Backend + 'static>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let mut stop_ids: Vec<u32> = model.config().eos_token_id.into_iter().collect();
-    stop_ids.extend(tokenizer.eos_id());
+    stop_ids.extend(tokenizer.eos_ids());
     stop_ids.extend(tokenizer.special_id("<|end_of_msg|>"));
     stop_ids.sort_unstable();
     stop_ids.dedup();
