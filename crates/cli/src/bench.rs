@@ -41,11 +41,15 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Instead of the I/O benchmark: prefill and decode speed on the built-in `small` model with every expert
+    /// Instead of the I/O benchmark: prefill and decode speed on a kimi_k3 model (--preset) with every expert
     /// cached, against the memory-bandwidth bound measured in the same run. With --device cuda: the bench
     /// model with every expert resident in VRAM, against the GPU's device-to-device copy bandwidth.
     #[arg(long)]
     compute: bool,
+    /// With --compute on the CPU: the model, created in the cache directory on first use: small (hidden 512,
+    /// 260 MB), wide (K3's real widths, about 4 GB) or bench (K3's expert shapes, about 10 GB).
+    #[arg(long, default_value = "small", value_parser = compute_preset)]
+    preset: Preset,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -426,17 +430,37 @@ fn machine() -> String {
     )
 }
 
-/// Prefill and decode on the `small` preset with all experts in the RAM cache: the compute path alone.
-fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
-    let dir = cache.join("kimi_k3-small-seed0");
-    if !dir.join("config.json").exists() {
-        crate::create_atomically(&dir, |tmp| {
-            make_model(Arch::KimiK3, Preset::Small, 0, tmp).map(|_| ())
-        })?;
+fn compute_preset(s: &str) -> Result<Preset> {
+    match s.parse()? {
+        p @ (Preset::Small | Preset::Wide | Preset::Bench) => Ok(p),
+        p => bail!(
+            "--preset {}: the compute benchmark runs small, wide or bench",
+            p.name()
+        ),
     }
+}
+
+/// Prefill and decode on `a.preset` with all experts in the RAM cache: the compute path alone.
+fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
+    let dir = match a.preset {
+        Preset::Bench => bench_model(cache)?,
+        p => {
+            let dir = cache.join(format!("kimi_k3-{}-seed0", p.name()));
+            if !dir.join("config.json").exists() {
+                eprintln!("creating the {} model in {} ...", p.name(), dir.display());
+                crate::create_atomically(&dir, |tmp| {
+                    make_model(Arch::KimiK3, p, 0, tmp).map(|_| ())
+                })?;
+            }
+            dir
+        }
+    };
+    // Room for every record, so the warm-up run leaves each expert cached.
+    let plain = StoreArgs::default();
+    let needs = deltafin_models::memory_needs(&dir, &plain.load_options(&dir)?.store)?;
     let store = StoreArgs {
-        expert_cache: Some("4G".into()),
-        ..StoreArgs::default()
+        expert_cache: Some((needs.records * needs.slot).to_string()),
+        ..plain
     };
     let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
     let prompt = compute_prompt();
@@ -458,6 +482,7 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     let prefill = median(prefills);
     let bound = (spine as f64 / batch + expert_per_token) / bw;
     println!("machine: {}", machine());
+    println!("model: kimi_k3 {} ({})", a.preset.name(), dir.display());
     if a.batch > 1 {
         println!(
             "{} sessions decode together, one batched pass a step (per-token figures: a step over {})",

@@ -182,7 +182,8 @@ struct MakeModelArgs {
     /// Architecture: kimi_k3 or kimi_linear.
     #[arg(long)]
     arch: Arch,
-    /// Size: tiny (unit tests, a few MB) or small (>= 64 experts per layer, a few hundred MB).
+    /// Size: tiny (unit tests, a few MB), small (>= 64 experts per layer, a few hundred MB), or for kimi_k3
+    /// bench (K3's expert records, about 10 GB) or wide (K3's real widths in 3 layers, about 4 GB).
     #[arg(long)]
     preset: Preset,
     /// Seed of the random weights: the same seed writes byte-identical files.

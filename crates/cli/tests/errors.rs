@@ -281,6 +281,29 @@ fn the_drive_benchmark_runs_on_the_cpu_only() {
     assert!(stderr.contains("add --compute"), "{stderr}");
 }
 
+/// The compute benchmark names the presets it runs, and creates nothing for one it does not.
+#[test]
+fn the_compute_benchmark_refuses_other_presets() {
+    let cache = tempfile::tempdir().unwrap();
+    for (preset, says) in [
+        ("tiny", "the compute benchmark runs small, wide or bench"),
+        ("huge", "expected one of tiny, small, bench, wide"),
+    ] {
+        let out = bin()
+            .args(["bench", "--compute", "--preset", preset, "--cache-dir"])
+            .arg(cache.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{preset}: {stderr}");
+        assert!(
+            stderr.contains("--preset") && stderr.contains(says),
+            "{preset}: {stderr}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
+}
+
 #[test]
 fn the_timeline_asks_for_the_gpu() {
     let t = tiny(Arch::KimiK3, 0);

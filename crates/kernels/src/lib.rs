@@ -234,39 +234,65 @@ const MIN_COLS_PER_TASK: usize = 256;
 ///
 /// Panics if `x.len() != n * cols` or `y.len() != n * rows`.
 pub fn matmul(w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    matmul_on(active_path(), w, x, n, y);
+    matmul_many(&mut [(*w, y)], x, n);
 }
 
-fn matmul_on(path: Path, w: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
-    let (rows, cols) = (w.rows(), w.cols());
-    assert_eq!(
-        x.len(),
-        n * cols,
-        "matmul: x must hold n * cols = {n} * {cols} values"
-    );
-    assert_eq!(
-        y.len(),
-        n * rows,
-        "matmul: y must hold n * rows = {n} * {rows} values"
-    );
-    let out = OutPtr(y.as_mut_ptr());
-    let run = |range: Range<usize>| {
-        // SAFETY: every (t, r) with r in `range` and t < n indexes inside `y` (checked above), and the
-        // row ranges given to concurrent calls are disjoint, so no element is written twice at once.
+/// [`matmul`] of several matrices with the same input, in one parallel region: a pass's projections of
+/// one activation (q, k, v, gates) are small, and handing each to the pool on its own costs about as much
+/// as computing it. Every output element gets exactly the bits [`matmul`] gives it.
+///
+/// Panics if `x.len() != n * cols` or `y.len() != n * rows` for any of the products.
+pub fn matmul_many(products: &mut [(Matrix, &mut [f32])], x: &[f32], n: usize) {
+    matmul_many_on(active_path(), products, x, n);
+}
+
+fn matmul_many_on(path: Path, products: &mut [(Matrix, &mut [f32])], x: &[f32], n: usize) {
+    for (w, y) in products.iter() {
+        let (rows, cols) = (w.rows(), w.cols());
+        assert_eq!(
+            x.len(),
+            n * cols,
+            "matmul: x must hold n * cols = {n} * {cols} values"
+        );
+        assert_eq!(
+            y.len(),
+            n * rows,
+            "matmul: y must hold n * rows = {n} * {rows} values"
+        );
+    }
+    let outs: Vec<(Matrix, OutPtr)> = products
+        .iter_mut()
+        .map(|(w, y)| (*w, OutPtr(y.as_mut_ptr())))
+        .collect();
+    let run = |p: usize, range: Range<usize>| {
+        let (w, out) = &outs[p];
+        let rows = w.rows();
+        // SAFETY: every (t, r) with r in `range` and t < n indexes inside product p's `y` (checked above),
+        // and the (product, row range) pairs given to concurrent calls are disjoint, so no element is
+        // written twice at once.
         let mut emit = |t: usize, r: usize, v: f32| unsafe { *out.get().add(t * rows + r) = v };
         matmul_rows(path, w, x, n, range, &mut emit);
     };
-    let work = rows * cols * n;
+    let work: usize = outs.iter().map(|(w, _)| w.rows() * w.cols() * n).sum();
     if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
-        run(0..rows);
-    } else {
-        let per_task = (TASK_WORK / (cols * n))
-            .clamp(1, MAX_ROWS_PER_TASK)
-            .next_multiple_of(rows_together(path, n));
-        (0..rows.div_ceil(per_task))
-            .into_par_iter()
-            .for_each(|i| run(i * per_task..((i + 1) * per_task).min(rows)));
+        for (p, (w, _)) in outs.iter().enumerate() {
+            run(p, 0..w.rows());
+        }
+        return;
     }
+    let tasks: Vec<(usize, Range<usize>)> = outs
+        .iter()
+        .enumerate()
+        .flat_map(|(p, (w, _))| {
+            let rows = w.rows();
+            let per_task = (TASK_WORK / (w.cols() * n).max(1))
+                .clamp(1, MAX_ROWS_PER_TASK)
+                .next_multiple_of(rows_together(path, n));
+            (0..rows.div_ceil(per_task))
+                .map(move |i| (p, i * per_task..((i + 1) * per_task).min(rows)))
+        })
+        .collect();
+    tasks.into_par_iter().for_each(|(p, range)| run(p, range));
 }
 
 /// Computes rows `range` of W times every x row, handing each result to `emit(t, r, value)`.

@@ -389,7 +389,7 @@ fn random_vec(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
 
 fn run_matmul(path: Path, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
     let mut y = vec![f32::NAN; n * w.rows()];
-    matmul_on(path, w, x, n, &mut y);
+    matmul_many_on(path, &mut [(*w, &mut y)], x, n);
     y
 }
 
@@ -527,6 +527,44 @@ fn matmul_does_not_depend_on_thread_count() {
             let serial = one.install(|| run_matmul(detected_path(), &m.matrix(), &x, n));
             let parallel = two.install(|| run_matmul(detected_path(), &m.matrix(), &x, n));
             assert_same_bits(&serial, &parallel, &format!("{} n={n}", m.name()));
+        }
+    }
+}
+
+/// One region for several products gives each output the bits its own `matmul` gives, split or not:
+/// matrices of both encodings and of different heights, on one and two threads.
+#[test]
+fn matmul_many_equals_one_matmul_per_matrix() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let cols = 512;
+    let [a, b] = TestMatrix::both(&mut rng, 300, cols);
+    let [c, _] = TestMatrix::both(&mut rng, 7, cols);
+    let mats = [a, b, c];
+    for n in [1, 5] {
+        let x = random_vec(&mut rng, n * cols);
+        for path in paths() {
+            let alone: Vec<Vec<f32>> = mats
+                .iter()
+                .map(|m| run_matmul(path, &m.matrix(), &x, n))
+                .collect();
+            for threads in [1, 2] {
+                let mut ys: Vec<Vec<f32>> = mats
+                    .iter()
+                    .map(|m| vec![f32::NAN; n * m.matrix().rows()])
+                    .collect();
+                pool(threads).install(|| {
+                    let mut products: Vec<(Matrix, &mut [f32])> = mats
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .map(|(m, y)| (m.matrix(), y.as_mut_slice()))
+                        .collect();
+                    matmul_many_on(path, &mut products, &x, n);
+                });
+                for ((m, want), got) in mats.iter().zip(&alone).zip(&ys) {
+                    let what = format!("{} n={n} {path:?} {threads} threads", m.name());
+                    assert_same_bits(want, got, &what);
+                }
+            }
         }
     }
 }

@@ -45,6 +45,21 @@ pub enum Preset {
     /// I/O-shaped K3 for `deltafin bench`: real 17,547,264-byte expert records with top-16 routing, 6 MoE
     /// layers of 96 experts (about 10 GB), a narrow spine.
     Bench,
+    /// Compute-shaped K3 for `deltafin bench --compute`: K3's real widths (hidden 7168, KDA, MLA, latent,
+    /// shared and expert shapes) in 3 layers of 24 experts with a small vocabulary (about 4 GB).
+    Wide,
+}
+
+impl Preset {
+    /// The name `--preset` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Small => "small",
+            Preset::Bench => "bench",
+            Preset::Wide => "wide",
+        }
+    }
 }
 
 impl FromStr for Preset {
@@ -54,7 +69,8 @@ impl FromStr for Preset {
             "tiny" => Ok(Preset::Tiny),
             "small" => Ok(Preset::Small),
             "bench" => Ok(Preset::Bench),
-            _ => bail!("unknown preset {s:?}: expected one of tiny, small, bench"),
+            "wide" => Ok(Preset::Wide),
+            _ => bail!("unknown preset {s:?}: expected one of tiny, small, bench, wide"),
         }
     }
 }
@@ -234,6 +250,34 @@ fn k3_dims(preset: Preset) -> (Dims, K3Dims) {
                 attn_res_block_size: 2,
             },
         ),
+        // docs/k3-model-contract.md's widths; layer 0's dense MLP gets the shared experts' fused width
+        // instead of 33,792 (1.45 GB for one layer of 93), the layers and experts are few, the vocabulary small.
+        Preset::Wide => (
+            Dims {
+                hidden: 7168,
+                layers: 3,
+                full_attn_layers: &[3],
+                linear_heads: 96,
+                linear_head_dim: 128,
+                mla_heads: 96,
+                kv_lora_rank: 512,
+                qk_nope: 128,
+                qk_rope: 64,
+                v_head: 128,
+                intermediate: 6144,
+                experts: 24,
+                experts_per_token: 16,
+                moe_intermediate: 3072,
+                shared_experts: 2,
+                n_ranks: 4096,
+                padding_rows: 0,
+            },
+            K3Dims {
+                q_lora_rank: 1536,
+                latent: 3584,
+                attn_res_block_size: 2,
+            },
+        ),
     }
 }
 
@@ -277,7 +321,9 @@ fn kimi_linear_dims(preset: Preset) -> Dims {
             n_ranks: 4096,
             padding_rows: 0,
         },
-        Preset::Bench => unreachable!("make_model rejects kimi_linear bench before sizing it"),
+        Preset::Bench | Preset::Wide => {
+            unreachable!("make_model rejects kimi_linear bench and wide before sizing them")
+        }
     }
 }
 
@@ -417,8 +463,8 @@ pub fn make_padded_model(
             let (config, layout) = (k3_config(&d, &k), Layout::kimi_k3(&d, &k));
             (d, config, layout)
         }
-        Arch::KimiLinear if preset == Preset::Bench => {
-            bail!("the bench preset exists for kimi_k3 only")
+        Arch::KimiLinear if matches!(preset, Preset::Bench | Preset::Wide) => {
+            bail!("the {} preset exists for kimi_k3 only", preset.name())
         }
         Arch::KimiLinear => {
             let mut d = kimi_linear_dims(preset);
@@ -466,7 +512,7 @@ pub fn make_padded_model(
         Preset::Tiny => ShardLimit::Count(3),
         Preset::Small => ShardLimit::MaxBytes(64 << 20),
         // Like the released shards: a few GB each.
-        Preset::Bench => ShardLimit::MaxBytes(2 << 30),
+        Preset::Bench | Preset::Wide => ShardLimit::MaxBytes(2 << 30),
     };
     let written = writer.finish(limit, |spec| {
         Ok(fill::fill(
@@ -482,4 +528,52 @@ pub fn make_padded_model(
         shards: written.shards,
         expert_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `wide` has the widths of docs/k3-model-contract.md's text_config (typed out here from the contract),
+    /// KDA, MLA and MoE layers, and stays a few GB.
+    #[test]
+    fn wide_has_k3_widths_in_a_few_gb() {
+        let (d, k) = k3_dims(Preset::Wide);
+        let text = &k3_config(&d, &k)["text_config"];
+        for (key, want) in [
+            ("hidden_size", 7168),
+            ("moe_intermediate_size", 3072),
+            ("routed_expert_hidden_size", 3584),
+            ("num_experts_per_token", 16),
+            ("num_shared_experts", 2),
+            ("num_attention_heads", 96),
+            ("num_key_value_heads", 96),
+            ("q_lora_rank", 1536),
+            ("kv_lora_rank", 512),
+            ("qk_nope_head_dim", 128),
+            ("qk_rope_head_dim", 64),
+            ("v_head_dim", 128),
+        ] {
+            assert_eq!(text[key], json!(want), "{key}");
+        }
+        let linear = &text["linear_attn_config"];
+        assert_eq!(
+            (&linear["num_heads"], &linear["head_dim"]),
+            (&json!(96), &json!(128))
+        );
+        assert!(!linear["kda_layers"].as_array().unwrap().is_empty());
+        assert!(!linear["full_attn_layers"].as_array().unwrap().is_empty());
+        assert!(d.layers > FIRST_K_DENSE, "wide needs MoE layers");
+        assert!(d.experts > d.experts_per_token, "the router must choose");
+        let bytes: usize = Layout::kimi_k3(&d, &k)
+            .groups
+            .iter()
+            .flatten()
+            .map(|s| TensorSpec::new(s.name.clone(), s.dtype, &s.shape).nbytes())
+            .sum();
+        assert!(
+            (2usize << 30..=6 << 30).contains(&bytes),
+            "wide is {bytes} bytes"
+        );
+    }
 }

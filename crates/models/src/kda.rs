@@ -4,7 +4,7 @@
 //! so a prefill of n tokens and n single-token steps perform the same arithmetic.
 
 use crate::describe::{self as desc, DecayGate, QkNorm};
-use crate::ops::{rms_norm, sigmoid, silu, softplus};
+use crate::ops::{forward_many, rms_norm, sigmoid, silu, softplus};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
 use rayon::prelude::*;
@@ -108,13 +108,17 @@ impl Kda {
         let (heads, dim) = (self.heads, self.dim);
         let w = heads * dim;
         // 1. projections, 4. β, 5. decay logits, 7. output gate — all row-wise, so batched.
-        let mut qkv = [
-            self.q.forward(x, n),
-            self.k.forward(x, n),
-            self.v.forward(x, n),
-        ];
-        let beta: Vec<f32> = self.b.forward(x, n).into_iter().map(sigmoid).collect();
-        let mut g = self.f_b.forward(&self.f_a.forward(x, n), n);
+        let gate_in = match &self.out_gate {
+            OutputGate::FullRank(g) | OutputGate::LowRank(g, _) => g,
+        };
+        let [q, k, v, b, f_a, gate] = forward_many(
+            [&self.q, &self.k, &self.v, &self.b, &self.f_a, gate_in],
+            x,
+            n,
+        );
+        let mut qkv = [q, k, v];
+        let beta: Vec<f32> = b.into_iter().map(sigmoid).collect();
+        let mut g = self.f_b.forward(&f_a, n);
         for row in g.chunks_mut(w) {
             for (i, v) in row.iter_mut().enumerate() {
                 let hd = i / dim;
@@ -128,8 +132,8 @@ impl Kda {
             }
         }
         let gate = match &self.out_gate {
-            OutputGate::FullRank(g) => g.forward(x, n),
-            OutputGate::LowRank(a, b) => b.forward(&a.forward(x, n), n),
+            OutputGate::FullRank(_) => gate,
+            OutputGate::LowRank(_, b) => b.forward(&gate, n),
         };
 
         let mut out = vec![0.0f32; n * w];

@@ -13,16 +13,49 @@
 use std::f64::consts::LN_2;
 
 /// tanh(x), the same bits on every platform.
+#[inline(always)]
 pub fn tanh(x: f32) -> f32 {
     let a = f64::from(x.abs());
-    // tanh(10) = 1 - 4e-9 already rounds to 1.0f32.
-    let y = if a > 10.0 {
-        1.0
-    } else {
-        let t = exp_m1(2.0 * a);
-        t / (t + 2.0)
-    };
+    // tanh(10) = 1 - 4e-9 already rounds to 1.0f32. Both sides are computed and one is chosen (no branch), so
+    // a loop of these vectorises; the series runs on 0 for the saturated lanes, whose result is dropped.
+    let saturated = a > 10.0;
+    let t = exp_m1(2.0 * if saturated { 0.0 } else { a });
+    let y = if saturated { 1.0 } else { t / (t + 2.0) };
     (y as f32).copysign(x)
+}
+
+/// `out[i] = tanh(x[i] / div)`, the bits of [`tanh`], several lanes at a time where the CPU has vectors
+/// (SiTU takes two tanh an element, and one at a time they cost more than the expert's products).
+pub fn tanh_div(x: &[f32], div: f32, out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "tanh_div: x and out differ in length");
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { tanh_div_avx2(x, div, out) };
+    }
+    tanh_div_lanes(x, div, out);
+}
+
+/// The loop [`tanh_div`] runs, inlined into each instruction set's entry.
+#[inline(always)]
+fn tanh_div_lanes(x: &[f32], div: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = tanh(v / div);
+    }
+}
+
+/// AVX2 (four f64 lanes) without FMA: Rust never fuses a multiply and an add, so every lane performs exactly
+/// the scalar operations, each correctly rounded.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tanh_div_avx2(x: &[f32], div: f32, out: &mut [f32]) {
+    tanh_div_lanes(x, div, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2"))
 }
 
 /// ln(1 + eˣ), the same bits on every platform (for x up to about 20, where softplus is linear).
@@ -42,6 +75,7 @@ pub fn ln_1p_exp(x: f32) -> f32 {
 
 /// eˣ − 1 for |x| ≤ 200: 2ᵏ(1 + (eʳ − 1)) − 1 (see [`reduce`]). For k = 0 the series alone is used,
 /// accurate relative to x however small.
+#[inline(always)]
 fn exp_m1(x: f64) -> f64 {
     let (scale, em1) = reduce(x);
     if scale == 1.0 {
@@ -52,14 +86,34 @@ fn exp_m1(x: f64) -> f64 {
 }
 
 /// x = k·ln 2 + r with |r| ≤ ln 2 / 2, returned as (2ᵏ, eʳ − 1), for |x| ≤ 200 (2ᵏ stays normal).
+#[inline(always)]
 fn reduce(x: f64) -> (f64, f64) {
-    let k = (x / LN_2).round();
-    let scale = f64::from_bits(((1023 + k as i64) as u64) << 52);
+    let k = round_small(x / LN_2);
+    // Through i32, which vector units convert to (none converts f64 to i64 before AVX-512).
+    let scale = f64::from_bits(((1023 + k as i32) as u64) << 52);
     (scale, exp_m1_reduced(x - k * LN_2))
+}
+
+/// `y.round()` (half away from zero) for |y| < 2³¹, inline: `f64::round` is a C library call on x86-64
+/// CPUs without SSE4.1, and SiTU's tanh calls it twice an element. The cast truncates, `y − t` is exact,
+/// and the sign is y's as `round` keeps it (−0.5 < y ≤ −0 rounds to −0).
+#[inline(always)]
+fn round_small(y: f64) -> f64 {
+    let t = y as i32 as f64;
+    let frac = y - t;
+    let r = if frac >= 0.5 {
+        t + 1.0
+    } else if frac <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    };
+    r.copysign(y)
 }
 
 /// eʳ − 1 for |r| ≤ 0.35 by its Taylor series to r¹⁴/14! (the next term is below 1e-19 relative), in
 /// Horner form with the coefficients 1/k! rounded to f64 once, at compile time.
+#[inline(always)]
 fn exp_m1_reduced(r: f64) -> f64 {
     const INV_FACTORIAL: [f64; 15] = {
         let mut c = [1.0; 15];
@@ -151,6 +205,48 @@ mod tests {
         assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
         assert_eq!((tanh(50.0), tanh(-50.0)), (1.0, -1.0));
         assert!(tanh(f32::NAN).is_nan());
+    }
+
+    /// The vectorised loop gives every element the bits of the scalar function, on each path this CPU has.
+    #[test]
+    fn tanh_div_is_tanh_of_the_quotient() {
+        let mut x: Vec<f32> = samples().collect();
+        x.extend([
+            0.0,
+            -0.0,
+            40.0,
+            -40.0,
+            250.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+        ]);
+        for div in [4.0, 25.0] {
+            let want: Vec<u32> = x.iter().map(|&v| tanh(v / div).to_bits()).collect();
+            let mut out = vec![f32::NAN; x.len()];
+            tanh_div(&x, div, &mut out);
+            assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+            let mut lanes = vec![f32::NAN; x.len()];
+            tanh_div_lanes(&x, div, &mut lanes);
+            assert_eq!(lanes.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+        }
+        let mut nan = [0.0];
+        tanh_div(&[f32::NAN], 4.0, &mut nan);
+        assert!(nan[0].is_nan());
+    }
+
+    #[test]
+    fn round_small_is_round() {
+        let halves = (-600..=600).map(|i| i as f64 / 2.0);
+        let near = halves.clone().flat_map(|h| [h.next_down(), h.next_up()]);
+        let spread = samples().map(|x| f64::from(x) / LN_2);
+        for y in halves.chain(near).chain(spread).chain([0.0, -0.0]) {
+            assert_eq!(
+                round_small(y).to_bits(),
+                y.round().to_bits(),
+                "round({y:e})"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! With no rotation this equals the expanded form in real arithmetic.
 
 use crate::describe as desc;
-use crate::ops::{axpy, rms_norm, sigmoid, softmax};
+use crate::ops::{axpy, forward_many, rms_norm, sigmoid, softmax};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
 use deltafin_kernels::{dot, matmul, matvec_t_bf16};
@@ -79,19 +79,33 @@ impl Mla {
     pub fn forward(&self, x: &[f32], n: usize, cache: &mut LatentCache) -> Vec<f32> {
         let (heads, nope, rope, dv, kvl) = (self.heads, self.nope, self.rope, self.v, self.kv_lora);
         let qd = nope + rope;
+        // The products of x (query, latent, output gate) in one parallel region.
+        let q_in = match &self.q {
+            QueryPath::LowRank { a, .. } => a,
+            QueryPath::Direct(p) => p,
+        };
+        let (q_x, c, gate) = match &self.gate {
+            Some(g) => {
+                let [q_x, c, g] = forward_many([q_in, &self.kv_a, g], x, n);
+                (q_x, c, Some(g))
+            }
+            None => {
+                let [q_x, c] = forward_many([q_in, &self.kv_a], x, n);
+                (q_x, c, None)
+            }
+        };
         // 1. queries.
         let q = match &self.q {
             QueryPath::LowRank { a, norm, b } => {
-                let mut cq = a.forward(x, n);
+                let mut cq = q_x;
                 for row in cq.chunks_mut(a.rows) {
                     rms_norm(row, norm, self.latent_eps);
                 }
                 b.forward(&cq, n)
             }
-            QueryPath::Direct(p) => p.forward(x, n),
+            QueryPath::Direct(_) => q_x,
         };
         // 2. the latent and the shared k_pe, appended to the cache before attending (causal within the pass).
-        let c = self.kv_a.forward(x, n);
         let start = cache.lat.len() / kvl;
         for row in c.chunks(kvl + rope) {
             let mut lat = row[..kvl].to_vec();
@@ -126,8 +140,8 @@ impl Mla {
             matmul(&self.kv_b.matrix().row_slice(base + nope, dv), &ctx, 1, out);
         });
         // 5. output gate and projection.
-        if let Some(g) = &self.gate {
-            for (a, gv) in attn.iter_mut().zip(g.forward(x, n)) {
+        if let Some(g) = gate {
+            for (a, gv) in attn.iter_mut().zip(g) {
                 *a *= sigmoid(gv);
             }
         }

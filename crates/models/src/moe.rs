@@ -3,9 +3,10 @@
 
 use crate::describe as desc;
 use crate::experts::{ExpertSet, Stats};
-use crate::ops::{rms_norm, sigmoid, Act};
+use crate::ops::{forward_many, rms_norm, sigmoid, Act};
 use crate::weights::{Linear, Loader};
 use anyhow::Result;
+use rayon::prelude::*;
 
 /// `down(act(gate x, up x))`.
 pub struct Mlp {
@@ -26,9 +27,14 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let (g, u) = (self.gate.forward(x, n), self.up.forward(x, n));
+        let [g, u] = forward_many([&self.gate, &self.up], x, n);
+        self.finish(&g, &u, n)
+    }
+
+    /// `down(act(g, u))`, for callers that computed `g` and `u` with other products of the same input.
+    fn finish(&self, g: &[f32], u: &[f32], n: usize) -> Vec<f32> {
         let mut a = vec![0.0; g.len()];
-        self.act.apply(&g, &u, &mut a);
+        self.act.apply(g, u, &mut a);
         self.down.forward(&a, n)
     }
 }
@@ -118,9 +124,10 @@ impl Moe {
     }
 
     /// `x`: n rows of the post-attention-normed input. Each expert of the union of the rows' selections is read
-    /// once and applied, as its bytes arrive, to the rows that chose it; each row then sums its experts in
-    /// ascending id order, whatever the arrival order. `next` is the following MoE layer, whose router predicts
-    /// its experts from this state so their reads can start now (lookahead prefetch).
+    /// once and applied, as its bytes arrive (a few experts in parallel), to the rows that chose it; each row
+    /// then sums its experts in ascending id order, whatever the arrival order. `next` is the following MoE
+    /// layer, whose router predicts its experts from this state so their reads can start now (lookahead
+    /// prefetch).
     pub fn forward(
         &self,
         x: &[f32],
@@ -137,29 +144,58 @@ impl Moe {
         if let Some(next) = next {
             next.prefetch(x, n);
         }
-        // 1. K3 works in the latent space: z = routed_expert_down_proj · x.
-        let z = match &self.latent {
-            Some(l) => l.down.forward(x, n),
-            None => x.to_vec(),
+        // 1. K3 works in the latent space: z = routed_expert_down_proj · x. The shared experts' gate and up
+        // products of x join it in one parallel region.
+        let (z, g, u) = match &self.latent {
+            Some(l) => {
+                let [z, g, u] = forward_many([&l.down, &self.shared.gate, &self.shared.up], x, n);
+                (z, g, u)
+            }
+            None => {
+                let [g, u] = forward_many([&self.shared.gate, &self.shared.up], x, n);
+                (x.to_vec(), g, u)
+            }
         };
         let width = z.len() / n;
-        // 2. expert outputs, in arrival order, each into its union position.
+        // 2. expert outputs, each into its union position. Arrived records are taken a few at a time and
+        // computed in parallel, one expert a task (a decode step's experts are each too small to split well);
+        // fewer than the slab's slots are held at once, so the records still to come always find one.
+        let per_batch = rayon::current_num_threads()
+            .min(self.experts.store.slots().saturating_sub(1))
+            .max(1);
         let mut outputs: Vec<(Vec<usize>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); union.len()];
-        while let Some(record) = fetch.next() {
-            let record = record?;
-            let e = record.expert;
-            let rows: Vec<usize> = (0..n).filter(|&t| routes[t].ids.contains(&e)).collect();
-            let mut input = Vec::with_capacity(rows.len() * width);
-            for &t in &rows {
-                input.extend_from_slice(&z[t * width..(t + 1) * width]);
+        let mut batch = Vec::with_capacity(per_batch);
+        loop {
+            while batch.len() < per_batch {
+                match fetch.next() {
+                    Some(record) => batch.push(record?),
+                    None => break,
+                }
             }
-            let y = self
-                .experts
-                .apply(e, record.bytes(), &input, rows.len(), stats)?;
-            let pos = union
-                .binary_search(&e)
-                .expect("fetched experts come from the union");
-            outputs[pos] = (rows, y);
+            if batch.is_empty() {
+                break;
+            }
+            let done = batch
+                .par_drain(..)
+                .map(|record| {
+                    let e = record.expert;
+                    let rows: Vec<usize> = (0..n).filter(|&t| routes[t].ids.contains(&e)).collect();
+                    let mut input = Vec::with_capacity(rows.len() * width);
+                    for &t in &rows {
+                        input.extend_from_slice(&z[t * width..(t + 1) * width]);
+                    }
+                    let y = self
+                        .experts
+                        .apply(e, record.bytes(), &input, rows.len(), stats)?;
+                    let pos = union
+                        .binary_search(&e)
+                        .expect("fetched experts come from the union");
+                    Ok((pos, rows, y))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (pos, rows, y) in done {
+                outputs[pos] = (rows, y);
+            }
         }
         let outputs: Vec<(usize, Vec<usize>, Vec<f32>)> = union
             .iter()
@@ -195,7 +231,7 @@ impl Moe {
             None => acc,
         };
         // 5. + shared experts.
-        let mut out = self.shared.forward(x, n);
+        let mut out = self.shared.finish(&g, &u, n);
         for (o, r) in out.iter_mut().zip(&routed) {
             *o += r;
         }

@@ -1,8 +1,23 @@
 //! Element-wise and per-vector operations, each with one fixed evaluation order so every row's result
-//! depends on that row alone.
+//! depends on that row alone, and the products of one input by several matrices.
 
-use crate::math::tanh;
-use deltafin_kernels::dot;
+use crate::math::{tanh, tanh_div};
+use crate::weights::Linear;
+use deltafin_kernels::{dot, matmul_many, Matrix};
+
+/// `W x` for each of several matrices taking the same input, in one parallel region: a layer's
+/// projections of one activation are each too small to be worth a hand-off to the pool of their own.
+/// The bits are those of each [`Linear::forward`].
+pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], n: usize) -> [Vec<f32>; N] {
+    let mut ys = ls.map(|l| vec![0.0; n * l.rows]);
+    let mut products: Vec<(Matrix, &mut [f32])> = ls
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(l, y)| (l.matrix(), y.as_mut_slice()))
+        .collect();
+    matmul_many(&mut products, x, n);
+    ys
+}
 
 /// `RMS(x, w) = w ⊙ (x · rsqrt(mean(x²) + eps))`, in place.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -36,8 +51,13 @@ pub fn softplus(x: f32) -> f32 {
 
 /// K3's SiTU gating: `4·tanh(g/4)·sigmoid(g) · 25·tanh(u/25)` (betas from the config, checked at load).
 pub fn situ(gate: f32, up: f32) -> f32 {
-    let g = 4.0 * tanh(gate / 4.0) * sigmoid(gate);
-    let u = 25.0 * tanh(up / 25.0);
+    situ_with(gate, tanh(gate / 4.0), tanh(up / 25.0))
+}
+
+/// SiTU from `tanh(gate/4)` and `tanh(up/25)` computed beforehand.
+fn situ_with(gate: f32, tanh_gate: f32, tanh_up: f32) -> f32 {
+    let g = 4.0 * tanh_gate * sigmoid(gate);
+    let u = 25.0 * tanh_up;
     g * u
 }
 
@@ -79,11 +99,29 @@ pub enum Act {
 
 impl Act {
     pub fn apply(self, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-            *o = match self {
-                Act::Situ => situ(g, u),
-                Act::SiluGlu => silu(g) * u,
-            };
+        match self {
+            Act::Situ => {
+                // The tanh of a chunk first, vectorised, then the rest of `situ` element by element.
+                const CHUNK: usize = 256;
+                let (mut tg, mut tu) = ([0.0f32; CHUNK], [0.0f32; CHUNK]);
+                for ((o, g), u) in out
+                    .chunks_mut(CHUNK)
+                    .zip(gate.chunks(CHUNK))
+                    .zip(up.chunks(CHUNK))
+                {
+                    let k = o.len().min(g.len()).min(u.len());
+                    tanh_div(&g[..k], 4.0, &mut tg[..k]);
+                    tanh_div(&u[..k], 25.0, &mut tu[..k]);
+                    for (((o, &g), &a), &b) in o.iter_mut().zip(g).zip(&tg[..k]).zip(&tu[..k]) {
+                        *o = situ_with(g, a, b);
+                    }
+                }
+            }
+            Act::SiluGlu => {
+                for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                    *o = silu(g) * u;
+                }
+            }
         }
     }
 }
