@@ -83,10 +83,7 @@ impl Model {
     }
 
     pub fn new_session(&self) -> Session {
-        Session {
-            layers: blocks::initial_states(self.config()),
-            pos: 0,
-        }
+        Session::new(blocks::initial_states(self.config()))
     }
 
     /// Spine layers read from disk on every pass (0 when the whole spine is resident).
@@ -130,6 +127,9 @@ impl Backend for Model {
             return Ok(Vec::new());
         }
         check_batch(self.config(), batch)?;
+        stats
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         on_pool(|| match self {
             Model::KimiK3(m) => m.forward(batch, stats),
             Model::KimiLinear(m) => m.forward(batch, stats),
@@ -138,6 +138,19 @@ impl Backend for Model {
 
     fn fork(&self, session: &Session) -> Result<Session> {
         Ok(session.clone())
+    }
+
+    fn keep_rows(&self, session: &mut Session) -> bool {
+        session.keep_rows = true;
+        true
+    }
+
+    /// From the state before the pass and its rows' recurrence inputs, kept by every KDA layer (the MLA caches
+    /// are cut): with `d` the KDA width (heads · head_dim), a state copy (`heads · head_dim²` + the windows)
+    /// per KDA layer plus about `6d` values per row (K3: 6.3 MB + 0.3 MB per row for each of its 69 KDA
+    /// layers — 434 MB, the size of a fork, and 20 MB per row).
+    fn rollback(&self, session: &mut Session, rows: usize) -> Result<()> {
+        session.rollback(rows)
     }
 
     fn position(&self, session: &Session) -> usize {
@@ -254,6 +267,23 @@ fn plan_spine(
     let Some(budget) = opts.memory_budget else {
         return Ok(vec![true; cfg.num_layers]);
     };
+    let (layer_bytes, global) = spine_layer_bytes(ck, cfg);
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0);
+    // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
+    let floor = global + store.slab_bytes() + 2 * largest;
+    if budget < floor {
+        bail!(
+            "--memory-budget {budget} bytes is too small for this model: it needs at least {floor} (embeddings and lm_head {global}, expert cache and working set {}, two streamed layers {}); raise it or lower --expert-cache",
+            store.slab_bytes(),
+            2 * largest
+        );
+    }
+    Ok(spine::plan_resident(&layer_bytes, budget - floor))
+}
+
+/// Bytes of each layer's spine tensors (routed experts excluded), and of the rest (embeddings, lm_head, final
+/// norm).
+fn spine_layer_bytes(ck: &Checkpoint, cfg: &ModelConfig) -> (Vec<u64>, u64) {
     let prefix = layer_prefix(cfg.family);
     let mut layer_bytes = vec![0u64; cfg.num_layers];
     let mut global = 0u64;
@@ -273,17 +303,15 @@ fn plan_spine(
             _ => global += info.nbytes,
         }
     }
-    let largest = layer_bytes.iter().copied().max().unwrap_or(0);
-    // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
-    let floor = global + store.slab_bytes() + 2 * largest;
-    if budget < floor {
-        bail!(
-            "--memory-budget {budget} bytes is too small for this model: it needs at least {floor} (embeddings and lm_head {global}, expert cache and working set {}, two streamed layers {}); raise it or lower --expert-cache",
-            store.slab_bytes(),
-            2 * largest
-        );
-    }
-    Ok(spine::plan_resident(&layer_bytes, budget - floor))
+    (layer_bytes, global)
+}
+
+/// Bytes every pass reads of a spine whose last `streamed` layers are read from disk on each pass (the
+/// memory budget keeps a prefix of the layers resident).
+pub fn streamed_spine_bytes(dir: &Path, streamed: usize) -> Result<u64> {
+    let cfg = ModelConfig::from_dir(dir)?;
+    let (layers, _) = spine_layer_bytes(&Checkpoint::open(dir)?, &cfg);
+    Ok(layers.iter().rev().take(streamed).sum())
 }
 
 /// Opens the routed experts of the checkpoint in `dir` as every backend reads them: a partial mirror only
