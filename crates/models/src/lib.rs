@@ -147,8 +147,8 @@ impl Backend for Model {
 
     /// From the state before the pass and its rows' recurrence inputs, kept by every KDA layer (the MLA caches
     /// are cut): with `d` the KDA width (heads · head_dim), a state copy (`heads · head_dim²` + the windows)
-    /// per KDA layer plus about `6d` values per row (K3: 6.3 MB + 0.3 MB per row for each of its 69 KDA
-    /// layers — 434 MB, the size of a fork, and 20 MB per row).
+    /// per KDA layer plus about `6d` values per row (K3: 6.7 MB + 0.3 MB per row for each of its 69 KDA
+    /// layers — 464 MB, the KDA part of the fork it replaces, and 20 MB per row).
     fn rollback(&self, session: &mut Session, rows: usize) -> Result<()> {
         session.rollback(rows)
     }
