@@ -8,8 +8,9 @@
 const SMOOTHING: f64 = 0.25;
 /// How much of the acceptance history each new comparison keeps: costs and drafters' luck drift.
 const MEMORY: f64 = 0.95;
-/// Plain steps in a row after which one guess is tried again, as costs move (the cache warms, text turns
-/// repetitive).
+/// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
+/// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
+/// row, and every half as many steps one more or one fewer than the best when guessing.
 const PROBE_EVERY: usize = 32;
 
 pub struct CostModel {
@@ -21,8 +22,9 @@ pub struct CostModel {
     /// Per guess position: (taken, compared), decayed, counting only comparisons whose earlier guesses were
     /// taken — the chance of a guess being taken given its predecessors were.
     accept: Vec<(f64, f64)>,
-    /// Plain steps chosen in a row.
-    plain: usize,
+    /// Steps since the last probe, and whether the next probe of a guessing k tries one more (or one fewer).
+    since_probe: usize,
+    probe_up: bool,
 }
 
 impl CostModel {
@@ -32,7 +34,8 @@ impl CostModel {
             pass: vec![None; max + 1],
             guess: 0.0,
             accept: vec![(0.0, 0.0); max],
-            plain: 0,
+            since_probe: 0,
+            probe_up: true,
         }
     }
 
@@ -51,16 +54,30 @@ impl CostModel {
                 (best, best_rate) = (k, rate);
             }
         }
-        if best == 0 && room > 0 && !self.accept.is_empty() {
-            self.plain += 1;
-            if self.plain >= PROBE_EVERY {
-                self.plain = 0;
-                return 1;
-            }
-        } else {
-            self.plain = 0;
+        self.probe(best, room.min(self.accept.len()))
+    }
+
+    /// `best`, or — every so often — a neighbour of it up to `most`.
+    fn probe(&mut self, best: usize, most: usize) -> usize {
+        if most == 0 {
+            return 0;
         }
-        best
+        self.since_probe += 1;
+        let every = if best == 0 {
+            PROBE_EVERY
+        } else {
+            PROBE_EVERY / 2
+        };
+        if self.since_probe < every {
+            return best;
+        }
+        self.since_probe = 0;
+        self.probe_up = !self.probe_up;
+        if best == 0 || (!self.probe_up && best < most) {
+            best + 1
+        } else {
+            best - 1
+        }
     }
 
     /// A decode pass over `rows` rows took `secs`.
@@ -147,6 +164,21 @@ mod tests {
         // Until the probe after PROBE_EVERY plain steps.
         let probes = (0..PROBE_EVERY).filter(|_| m.choose(10) == 1).count();
         assert_eq!(probes, 1);
+    }
+
+    #[test]
+    fn the_neighbours_of_a_guessing_k_are_probed_in_turn() {
+        let mut m = CostModel::new(4);
+        m.passed(1, 1.0);
+        m.passed(2, 1.0);
+        m.passed(3, 3.0);
+        for _ in 0..50 {
+            m.compared(2, 1);
+        }
+        let picks: Vec<usize> = (0..PROBE_EVERY).map(|_| m.choose(10)).collect();
+        assert_eq!(picks.iter().filter(|&&k| k == 1).count(), PROBE_EVERY - 2);
+        assert_eq!(picks.iter().filter(|&&k| k == 0).count(), 1);
+        assert_eq!(picks.iter().filter(|&&k| k == 2).count(), 1);
     }
 
     #[test]

@@ -67,6 +67,9 @@ enum Source<D: Backend> {
         session: D::Session,
         /// Tokens the session has consumed: always a prefix of the target's history.
         consumed: Vec<u32>,
+        /// The states guessing reached: after each guess (but the last) following `consumed`, so that the
+        /// guesses the model takes need not be run again.
+        ahead: Vec<(u32, D::Session)>,
     },
     Ngram,
 }
@@ -107,6 +110,7 @@ impl<D: Backend> Draft<D> {
                     session: model.new_session()?,
                     model,
                     consumed: Vec::new(),
+                    ahead: Vec::new(),
                 }
             }
             Guesser::Ngram => Source::Ngram,
@@ -148,8 +152,10 @@ impl<D: Backend> Draft<D> {
         self.accepted as f64 / self.proposed.max(1) as f64
     }
 
-    /// Up to `n` guesses of the tokens after `history` and `first` (fewer when prompt lookup finds no match).
+    /// Up to `n` (≥ 1) guesses of the tokens after `history` and `first` (fewer when prompt lookup finds no
+    /// match).
     pub(crate) fn guess(&mut self, history: &[u32], first: u32, n: usize) -> Result<Vec<u32>> {
+        debug_assert!(n > 0, "a step that guesses nothing is a plain step");
         let t0 = Instant::now();
         let guesses = match &mut self.source {
             Source::Ngram => ngram::guess(history, first, n),
@@ -157,13 +163,18 @@ impl<D: Backend> Draft<D> {
                 model,
                 session,
                 consumed,
+                ahead,
             } => {
-                follow(&**model, session, consumed, history, &self.stats)?;
+                follow(&**model, session, consumed, ahead, history, &self.stats)?;
+                // `first` is taken whatever the check says: the session itself consumes it.
+                let logits = model.forward(session, &[first], LogitRows::Last, &self.stats)?;
+                consumed.push(first);
+                let mut next = argmax(&logits);
+                let mut out = vec![next];
                 let mut s = model.fork(session)?;
-                let mut out = Vec::with_capacity(n);
-                let mut next = first;
-                for _ in 0..n {
+                while out.len() < n {
                     let logits = model.forward(&mut s, &[next], LogitRows::Last, &self.stats)?;
+                    ahead.push((next, model.fork(&s)?));
                     next = argmax(&logits);
                     out.push(next);
                 }
@@ -194,18 +205,35 @@ impl<D: Backend> Draft<D> {
 }
 
 /// Brings a drafting model's session to the end of `history`: lazily, when it next guesses, so plain steps
-/// cost the drafter nothing. A history that does not extend what it consumed is a new sequence (the next
-/// generation on a reused drafter), which it starts afresh.
+/// cost the drafter nothing, and from the furthest state its last guesses reached along it. A history that
+/// does not extend what it consumed is a new sequence (the next generation on a reused drafter), which it
+/// starts afresh.
 fn follow<D: Backend>(
     model: &D,
     session: &mut D::Session,
     consumed: &mut Vec<u32>,
+    ahead: &mut Vec<(u32, D::Session)>,
     history: &[u32],
     stats: &Stats,
 ) -> Result<()> {
     if !history.starts_with(consumed) {
         *session = model.new_session()?;
         consumed.clear();
+        ahead.clear();
+    }
+    let rest = &history[consumed.len()..];
+    let reached = ahead
+        .iter()
+        .zip(rest)
+        .take_while(|((guess, _), token)| guess == *token)
+        .count();
+    let states = std::mem::take(ahead);
+    if let Some((_, state)) = reached
+        .checked_sub(1)
+        .and_then(|i| states.into_iter().nth(i))
+    {
+        *session = state;
+        consumed.extend_from_slice(&rest[..reached]);
     }
     let rest = &history[consumed.len()..];
     if !rest.is_empty() {
