@@ -4,8 +4,15 @@
 //! 0 (a plain step) whenever guessing would not pay. It only decides how many tokens a pass checks, never
 //! which tokens come out.
 
-/// Weight of a new measurement in the running averages of pass and drafting times.
+use std::collections::VecDeque;
+
+/// Weight of a new measurement in the running average of drafting times.
 const SMOOTHING: f64 = 0.25;
+/// Recent passes per row count whose median is its cost: a median shrugs off the spikes of a shared machine
+/// (a pass several times slower than the next) and follows a lasting change within a few passes.
+const RECENT: usize = 5;
+/// Plain passes measured before the first guess: the baseline everything is compared with.
+const PLAIN_FIRST: usize = 3;
 /// How much of the acceptance history each new comparison keeps: costs and drafters' luck drift.
 const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
@@ -14,9 +21,11 @@ const MEMORY: f64 = 0.95;
 const PROBE_EVERY: usize = 32;
 
 pub struct CostModel {
-    /// Running average of the seconds of a decode pass by its rows − 1 (taking its logits included, drafting
-    /// not); `None` until measured.
-    pass: Vec<Option<f64>>,
+    /// Seconds of the most recent decode passes by their rows − 1 (taking their logits included, drafting
+    /// not); empty until measured. The first pass of each row count is not counted: it warms caches and
+    /// allocates buffers, and can take several times as long.
+    pass: Vec<VecDeque<f64>>,
+    warmed: Vec<bool>,
     /// Running average of the seconds the drafter spends per guess.
     guess: f64,
     /// Per guess position: (taken, compared), decayed, counting only comparisons whose earlier guesses were
@@ -31,7 +40,8 @@ impl CostModel {
     /// For up to `max` guesses per pass.
     pub fn new(max: usize) -> CostModel {
         CostModel {
-            pass: vec![None; max + 1],
+            pass: vec![VecDeque::with_capacity(RECENT); max + 1],
+            warmed: vec![false; max + 1],
             guess: 0.0,
             accept: vec![(0.0, 0.0); max],
             since_probe: 0,
@@ -43,10 +53,12 @@ impl CostModel {
     /// extending the measured ones in a straight line (at no extra cost beyond the largest measured until a
     /// second is known), and tried only one row beyond the largest measured: growing k costs one probe a row.
     pub fn choose(&mut self, room: usize) -> usize {
-        let Some(plain) = self.pass[0] else {
+        let Some(plain) = self.cost(0).filter(|_| self.pass[0].len() >= PLAIN_FIRST) else {
             return 0;
         };
-        let measured = self.pass.iter().rposition(Option::is_some).unwrap_or(0);
+        let measured = (0..self.pass.len())
+            .rfind(|&r| !self.pass[r].is_empty())
+            .unwrap_or(0);
         let (mut best, mut best_rate) = (0, 1.0 / plain);
         for k in 1..=room.min(measured + 1).min(self.accept.len()) {
             let rate = self.expected_tokens(k) / (self.estimate(k + 1) + k as f64 * self.guess);
@@ -82,9 +94,22 @@ impl CostModel {
 
     /// A decode pass over `rows` rows took `secs`.
     pub fn passed(&mut self, rows: usize, secs: f64) {
-        if let Some(slot) = self.pass.get_mut(rows - 1) {
-            *slot = Some(slot.map_or(secs, |avg| avg + SMOOTHING * (secs - avg)));
+        let at = rows - 1;
+        if at >= self.pass.len() || !std::mem::replace(&mut self.warmed[at], true) {
+            return;
         }
+        let recent = &mut self.pass[at];
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(secs);
+    }
+
+    /// The median of the recent passes with `at` + 1 rows.
+    fn cost(&self, at: usize) -> Option<f64> {
+        let mut recent: Vec<f64> = self.pass[at].iter().copied().collect();
+        recent.sort_by(f64::total_cmp);
+        recent.get(recent.len() / 2).copied()
     }
 
     /// The drafter took `secs` to make `guesses` guesses.
@@ -117,10 +142,10 @@ impl CostModel {
     /// Seconds of a pass over `rows` rows: measured, or on the line through the nearest measured row counts.
     fn estimate(&self, rows: usize) -> f64 {
         let at = rows - 1;
-        if let Some(secs) = self.pass[at] {
+        if let Some(secs) = self.cost(at) {
             return secs;
         }
-        let measured = |r: &usize| self.pass[*r].map(|s| (*r as f64, s));
+        let measured = |r: &usize| self.cost(*r).map(|s| (*r as f64, s));
         let below: Vec<(f64, f64)> = (0..at).rev().filter_map(|r| measured(&r)).take(2).collect();
         let above = (at + 1..self.pass.len()).find_map(|r| measured(&r));
         let (lo, hi) = match (below.as_slice(), above) {
@@ -138,12 +163,33 @@ impl CostModel {
 mod tests {
     use super::*;
 
+    /// A model whose passes of each row count took `secs` (index: rows − 1), enough times to be trusted.
+    fn measured(max: usize, secs: &[f64]) -> CostModel {
+        let mut m = CostModel::new(max);
+        for (at, &s) in secs.iter().enumerate() {
+            for _ in 0..=PLAIN_FIRST {
+                m.passed(at + 1, s);
+            }
+        }
+        m
+    }
+
     #[test]
-    fn measures_a_plain_step_first_then_grows_one_row_at_a_time() {
+    fn measures_plain_steps_first_then_grows_one_row_at_a_time() {
         let mut m = CostModel::new(4);
-        assert_eq!(m.choose(10), 0, "nothing measured: a plain step");
+        for _ in 0..PLAIN_FIRST {
+            assert_eq!(
+                m.choose(10),
+                0,
+                "plain steps until the baseline is measured"
+            );
+            m.passed(1, 1.0);
+        }
+        assert_eq!(m.choose(10), 0, "the first pass only warmed up");
         m.passed(1, 1.0);
         assert_eq!(m.choose(10), 1, "a second row looks free until measured");
+        m.passed(2, 5.0);
+        assert_eq!(m.choose(10), 1, "a first pass of two rows does not count");
         m.passed(2, 1.0);
         m.compared(1, 1);
         assert_eq!(m.choose(10), 2);
@@ -151,10 +197,15 @@ mod tests {
     }
 
     #[test]
+    fn a_median_ignores_a_spike() {
+        let mut m = measured(1, &[1.0, 1.0]);
+        m.passed(2, 50.0);
+        assert_eq!(m.estimate(2), 1.0);
+    }
+
+    #[test]
     fn stops_guessing_when_rows_cost_as_much_as_passes() {
-        let mut m = CostModel::new(4);
-        m.passed(1, 1.0);
-        m.passed(2, 2.0);
+        let mut m = measured(4, &[1.0, 2.0]);
         for _ in 0..20 {
             m.compared(1, 1);
         }
@@ -168,10 +219,7 @@ mod tests {
 
     #[test]
     fn the_neighbours_of_a_guessing_k_are_probed_in_turn() {
-        let mut m = CostModel::new(4);
-        m.passed(1, 1.0);
-        m.passed(2, 1.0);
-        m.passed(3, 3.0);
+        let mut m = measured(4, &[1.0, 1.0, 3.0]);
         for _ in 0..50 {
             m.compared(2, 1);
         }
@@ -183,10 +231,7 @@ mod tests {
 
     #[test]
     fn cheap_rows_and_good_guesses_pay_for_more_guesses() {
-        let mut m = CostModel::new(4);
-        m.passed(1, 1.0);
-        m.passed(2, 1.1);
-        m.passed(3, 1.2);
+        let mut m = measured(4, &[1.0, 1.1, 1.2]);
         for _ in 0..50 {
             m.compared(2, 2);
         }
@@ -200,13 +245,13 @@ mod tests {
 
     #[test]
     fn unmeasured_rows_lie_on_the_line_through_the_measured() {
-        let mut m = CostModel::new(6);
-        m.passed(1, 1.0);
-        m.passed(3, 2.0);
-        m.passed(6, 5.0);
+        let mut m = measured(6, &[1.0, 0.0, 2.0, 0.0, 0.0, 5.0]);
+        for at in [1, 3, 4] {
+            m.pass[at].clear();
+        }
         assert_eq!(m.estimate(2), 1.5);
         assert_eq!(m.estimate(4), 3.0);
-        m.pass[5] = None;
+        m.pass[5].clear();
         assert_eq!(m.estimate(5), 3.0, "extended from the two largest measured");
     }
 }
