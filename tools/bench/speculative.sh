@@ -73,10 +73,10 @@ echo "| config | drafter | tok/s (median of $N) | vs plain | spine MB/token | ex
 echo "|---|---|---|---|---|---|---|---|"
 for c in ${CONFIGS[@]}; do
   case $c in
-    a) bench_config "a" --model "$M" --prompt "ROMEO:" --max-new 100 --expert-cache 16M --memory-budget "$(floor)" ;;
-    b) bench_config "b" --model "$M" --prompt "ROMEO:" --max-new 100 --expert-cache 0 --no-prefetch ;;
-    c) bench_config "c" --model "$M" --prompt "ROMEO:" --max-new 100 ;;
-    a-quote) bench_config "a-quote" --model "$M" --prompt "$QUOTE" --max-new 100 --expert-cache 16M --memory-budget "$(floor)" ;;
+    a) bench_config "a" --model "$M" --prompt "ROMEO:" --max-new 300 --expert-cache 16M --memory-budget "$(floor)" ;;
+    b) bench_config "b" --model "$M" --prompt "ROMEO:" --max-new 300 --expert-cache 0 --no-prefetch ;;
+    c) bench_config "c" --model "$M" --prompt "ROMEO:" --max-new 300 ;;
+    a-quote) bench_config "a-quote" --model "$M" --prompt "$QUOTE" --max-new 300 --expert-cache 16M --memory-budget "$(floor)" ;;
     bench) bench_config "bench" --model "$BENCH" --prompt-ids 5,6,7,8,9,5,6,7,8,9,5,6,7 --max-new 12 --expert-cache 0 --no-prefetch ;;
   esac
 done
