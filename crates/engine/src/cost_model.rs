@@ -18,8 +18,11 @@ const PLAIN_FIRST: usize = 3;
 const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
 /// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
-/// row, and every quarter as many steps one more or one fewer than the best when guessing.
+/// row — twice as many after each probe that changed nothing, up to `PROBE_EVERY_MOST`, as a probe costs
+/// where guessing does not pay — and every quarter as many steps one more or one fewer than the best when
+/// guessing.
 const PROBE_EVERY: usize = 32;
+const PROBE_EVERY_MOST: usize = 256;
 
 pub struct CostModel {
     /// Seconds of the most recent decode passes by their rows − 1 (taking their logits included, drafting
@@ -32,8 +35,10 @@ pub struct CostModel {
     /// Per guess position: (taken, compared), decayed, counting only comparisons whose earlier guesses were
     /// taken — the chance of a guess being taken given its predecessors were.
     accept: Vec<(f64, f64)>,
-    /// Steps since the last probe, and whether the next probe of a guessing k tries one more (or one fewer).
+    /// Steps since the last probe, plain steps in a row before the next probe of a guess, and whether the
+    /// next probe of a guessing k tries one more (or one fewer).
     since_probe: usize,
+    plain_probe_every: usize,
     probe_up: bool,
 }
 
@@ -46,6 +51,7 @@ impl CostModel {
             guess: 0.0,
             accept: vec![(0.0, 0.0); max],
             since_probe: 0,
+            plain_probe_every: PROBE_EVERY,
             probe_up: true,
         }
     }
@@ -77,14 +83,18 @@ impl CostModel {
         }
         self.since_probe += 1;
         let every = if best == 0 {
-            PROBE_EVERY
+            self.plain_probe_every
         } else {
+            self.plain_probe_every = PROBE_EVERY;
             PROBE_EVERY / 4
         };
         if self.since_probe < every {
             return best;
         }
         self.since_probe = 0;
+        if best == 0 {
+            self.plain_probe_every = (2 * every).min(PROBE_EVERY_MOST);
+        }
         self.probe_up = !self.probe_up;
         if best == 0 || (!self.probe_up && best < most) {
             best + 1
@@ -211,9 +221,11 @@ mod tests {
         // Even always taken, 2 tokens for 2 seconds is no better than plain; any drafting cost makes it worse.
         m.guessed(1, 0.1);
         assert_eq!(m.choose(10), 0);
-        // Until the probe after PROBE_EVERY plain steps.
-        let probes = (0..PROBE_EVERY).filter(|_| m.choose(10) == 1).count();
-        assert_eq!(probes, 1);
+        // Until the probe after PROBE_EVERY plain steps; the next comes after twice as many.
+        let first = (2..).find(|_| m.choose(10) == 1);
+        assert_eq!(first, Some(PROBE_EVERY));
+        let next = (1..).find(|_| m.choose(10) == 1);
+        assert_eq!(next, Some(2 * PROBE_EVERY));
     }
 
     #[test]
