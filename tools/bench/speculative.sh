@@ -77,6 +77,6 @@ for c in ${CONFIGS[@]}; do
     b) bench_config "b" --model "$M" --prompt "ROMEO:" --max-new 300 --expert-cache 0 --no-prefetch ;;
     c) bench_config "c" --model "$M" --prompt "ROMEO:" --max-new 300 ;;
     a-quote) bench_config "a-quote" --model "$M" --prompt "$QUOTE" --max-new 300 --expert-cache 16M --memory-budget "$(floor)" ;;
-    bench) bench_config "bench" --model "$BENCH" --prompt-ids 5,6,7,8,9,5,6,7,8,9,5,6,7 --max-new 12 --expert-cache 0 --no-prefetch ;;
+    bench) bench_config "bench" --model "$BENCH" --prompt-ids 5,6,7,5,6,7 --max-new 10 --expert-cache 0 --no-prefetch ;;
   esac
 done
