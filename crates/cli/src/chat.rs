@@ -7,7 +7,7 @@ use crate::store_args::StoreArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_cuda::Device;
-use deltafin_engine::{generate_in, FinishReason, Flow, Request};
+use deltafin_engine::{generate_in, generate_speculative_in, FinishReason, Flow, Request};
 use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model, Stats};
 use deltafin_tokenizer::chat::{
@@ -42,6 +42,8 @@ pub struct ChatArgs {
     /// Print the [stats] line (time, tokens, expert reads) to stderr after each reply.
     #[arg(long)]
     stats: bool,
+    #[command(flatten)]
+    draft: crate::DraftArgs,
     #[command(flatten)]
     store: StoreArgs,
     #[command(flatten)]
@@ -215,22 +217,31 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         Device::Cpu => {
             let model =
                 progress::while_busy("loading the model", || Model::load_with(&a.model, &load))?;
-            converse(&a, &model, t_load)
+            let spine = deltafin_models::streamed_spine_bytes(&a.model, model.streamed_layers())?;
+            converse(&a, &model, t_load, Some(spine))
         }
         Device::Cuda(ordinal) => {
             let model = a.device.load_cuda(ordinal, &a.model, &load, false)?;
-            converse(&a, &model, t_load)
+            converse(&a, &model, t_load, None)
         }
     }
 }
 
-/// The conversation with `model` (loading began at `t_load`).
-fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> {
+/// The conversation with `model` (loading began at `t_load`), whose passes each read `spine_per_pass` bytes
+/// of the spine from disk (when known).
+fn converse<B: Backend>(
+    a: &ChatArgs,
+    model: &B,
+    t_load: Instant,
+    spine_per_pass: Option<u64>,
+) -> Result<()> {
     let tok = load_tokenizer(&a.model)?;
     let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     let stop_ids = format.stop_ids(&tok, model.config().eos_token_id);
     let sampling = a.sampling.params();
+    // One drafter for the whole conversation: its cost model keeps what it measured from reply to reply.
+    let mut draft = a.draft.load(model)?;
     install_ctrl_c()?;
 
     let fresh_history =
@@ -300,7 +311,7 @@ fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> 
         let mut failure: Option<anyhow::Error> = None;
         STOP_REPLY.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
-        let result = generate_in(model, session, &req, &stats, |token, _| {
+        let on_token = |token, _: &[f32]| {
             prefill.finish_and_clear();
             if STOP_REPLY.load(Ordering::SeqCst) {
                 return Flow::Stop;
@@ -312,7 +323,11 @@ fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> 
                     Flow::Stop
                 }
             }
-        });
+        };
+        let result = match &mut draft {
+            Some(d) => generate_speculative_in(model, d, session, &req, &stats, on_token),
+            None => generate_in(model, session, &req, &stats, on_token),
+        };
         GENERATING.store(false, Ordering::SeqCst);
         prefill.finish_and_clear();
         let output;
@@ -329,8 +344,21 @@ fn converse<B: Backend>(a: &ChatArgs, model: &B, t_load: Instant) -> Result<()> 
         if a.stats {
             eprintln!(
                 "{}",
-                crate::report::stats_line(model, &stats, req.prompt.len(), &output, load_secs)
+                crate::report::stats_line(
+                    model,
+                    &stats,
+                    req.prompt.len(),
+                    &output,
+                    load_secs,
+                    spine_per_pass
+                )
             );
+            if let Some(d) = &draft {
+                eprintln!(
+                    "{}",
+                    crate::report::speculative_line(d, output.tokens.len())
+                );
+            }
         }
         // The session now holds the prompt and every generated token but the last (never fed back).
         session_tokens.extend_from_slice(&req.prompt);

@@ -134,8 +134,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
         system: None,
         effort: None,
         stats: true,
-        draft,
-        draft_tokens: 4,
+        draft: crate::DraftArgs {
+            draft: draft.map(deltafin_engine::DraftArg::Model),
+            draft_tokens: 4,
+            draft_fixed: false,
+        },
         // A little randomness keeps a small model out of greedy loops; seeded, so the demo is reproducible.
         sampling: crate::SamplingArgs {
             temperature: 0.8,

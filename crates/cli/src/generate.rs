@@ -14,7 +14,6 @@ use deltafin_tokenizer::chat::ChatMessage;
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Loads the model on `dev` and generates. On a GPU, `probe` first measures its copy bandwidths, and a
@@ -35,7 +34,8 @@ pub fn run(
             }
             let model = progress::while_busy("loading the model", || Model::load_with(dir, load))?;
             let load_secs = t_load.elapsed().as_secs_f64();
-            generate_on(dir, &model, load_secs, args)
+            let spine = deltafin_models::streamed_spine_bytes(dir, model.streamed_layers())?;
+            generate_on(dir, &model, load_secs, args, Some(spine))
         }
         Device::Cuda(ordinal) => {
             if args.events.is_some() {
@@ -47,7 +47,7 @@ pub fn run(
                 device::probe_bandwidth(&model)?;
             }
             let timed = device::Timed::new(&model);
-            generate_on(dir, &timed, load_secs, args)?;
+            generate_on(dir, &timed, load_secs, args, None)?;
             eprintln!("{}", timed.line(load_secs));
             if let Some(r) = model.timeline_report() {
                 eprintln!("{r}");
@@ -57,8 +57,32 @@ pub fn run(
     }
 }
 
-/// Generates on `model`, loaded in `load_secs`.
-fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs) -> Result<()> {
+impl crate::DraftArgs {
+    /// The drafter these flags ask for, if any. A drafting model is small: it runs on the CPU whatever the
+    /// model runs on.
+    pub(crate) fn load(&self, model: &impl Backend) -> Result<Option<Draft<Model>>> {
+        let Some(arg) = &self.draft else {
+            return Ok(None);
+        };
+        let guesser = progress::while_busy("loading the drafter", || arg.load())?;
+        let draft = Draft::new(guesser, model, self.draft_tokens)?;
+        Ok(Some(if self.draft_fixed {
+            draft.fixed()
+        } else {
+            draft
+        }))
+    }
+}
+
+/// Generates on `model`, loaded in `load_secs`, whose passes each read `spine_per_pass` bytes of the spine
+/// from disk (when known).
+fn generate_on<B: Backend>(
+    dir: &Path,
+    model: &B,
+    load_secs: f64,
+    args: &GenArgs,
+    spine_per_pass: Option<u64>,
+) -> Result<()> {
     let t_prepare = Instant::now();
     let cfg = model.config();
     let vocab = cfg.vocab_size;
@@ -126,18 +150,8 @@ fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs
     let mut parser = format.as_ref().map(ChatFormat::reply_parser);
     let mut printer = ReplyPrinter::new(true);
     let mut failure = None;
-    // The drafter is small: it runs on the CPU whatever the model runs on.
-    let drafter = match &args.draft {
-        Some(d) => Some(Arc::new(progress::while_busy(
-            "loading the drafter",
-            || Model::load(d),
-        )?)),
-        None => None,
-    };
-    let mut draft = drafter
-        .as_ref()
-        .map(|d| Draft::new(d.clone(), model, args.draft_tokens))
-        .transpose()?;
+    // A drafting model is small: it runs on the CPU whatever the model runs on.
+    let mut draft = args.draft.load(model)?;
     let on_token = |token: u32, logits: &[f32]| {
         prefill.finish_and_clear();
         if let Some(ev) = &mut events {
@@ -192,18 +206,19 @@ fn generate_on<B: Backend>(dir: &Path, model: &B, load_secs: f64, args: &GenArgs
     if args.stats {
         eprintln!(
             "{}",
-            crate::report::stats_line(model, &stats, req.prompt.len(), &output, load_secs)
+            crate::report::stats_line(
+                model,
+                &stats,
+                req.prompt.len(),
+                &output,
+                load_secs,
+                spine_per_pass
+            )
         );
         if let Some(d) = &draft {
             eprintln!(
-                "[speculative] up to {} guesses per pass: {} of {} taken ({:.1}%); {} generated tokens took {} checking passes + {} re-runs of the model",
-                d.k,
-                d.accepted,
-                d.proposed,
-                100.0 * d.acceptance(),
-                output.tokens.len(),
-                d.passes,
-                d.reruns
+                "{}",
+                crate::report::speculative_line(d, output.tokens.len())
             );
         }
     }

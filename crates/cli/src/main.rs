@@ -126,7 +126,7 @@ struct GenArgs {
     print_ids: bool,
     /// Write one JSON line per generated token to this file: the pass's time, bytes read, cache hits, I/O
     /// wait, time per layer and every row's routed experts (a routing trace `deltafin cache-sim` replays).
-    #[arg(long, value_name = "FILE.jsonl")]
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with = "draft")]
     events: Option<PathBuf>,
     /// Treat --prompt as a user message: render the checkpoint's chat format and print the reply's
     /// reasoning and answer apart (default: off, raw completion).
@@ -141,15 +141,29 @@ struct GenArgs {
     /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).
     #[arg(long)]
     stats: bool,
-    /// Speculative decoding: this small model (sharing the tokenizer) guesses the next tokens and the model
-    /// checks them in one pass. The tokens and logits are exactly those of a run without it.
-    #[arg(long, value_name = "DIR", conflicts_with = "events")]
-    draft: Option<PathBuf>,
-    /// Tokens the drafter guesses per pass of the model.
-    #[arg(long, default_value_t = 4, requires = "draft")]
-    draft_tokens: usize,
+    #[command(flatten)]
+    draft: DraftArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+}
+
+/// Speculative decoding (`run` and `chat`).
+#[derive(Args)]
+struct DraftArgs {
+    /// Speculative decoding: `ngram` (prompt lookup: the tokens that followed the latest earlier occurrence of
+    /// the last few, for any model) or a small model's directory (sharing the tokenizer) guesses the next
+    /// tokens and the model checks them in one pass. The tokens and logits are exactly those of a run without
+    /// it.
+    #[arg(long, value_name = "ngram|DIR")]
+    draft: Option<deltafin_engine::DraftArg>,
+    /// Most tokens guessed per pass of the model; each pass guesses as many as measurements say pay (perhaps
+    /// none).
+    #[arg(long, default_value_t = 4, requires = "draft")]
+    draft_tokens: usize,
+    /// Guess --draft-tokens tokens on every pass, whatever the measurements say (for measuring what the
+    /// choice saves; the output is the same).
+    #[arg(long, requires = "draft")]
+    draft_fixed: bool,
 }
 
 /// How tokens are picked (`run` and `chat`).

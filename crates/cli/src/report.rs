@@ -1,7 +1,7 @@
 //! The `[stats]` line: where the time and the bytes of a generation went.
 
 use anyhow::{Context, Result};
-use deltafin_engine::Output;
+use deltafin_engine::{Draft, Output};
 use deltafin_models::{Backend, Stats};
 use deltafin_store::Snapshot;
 use serde_json::json;
@@ -9,12 +9,14 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
+/// `spine_per_pass`: the spine bytes every pass reads from disk (its streamed layers), when known.
 pub fn stats_line(
     model: &impl Backend,
     stats: &Stats,
     n_prompt: usize,
     out: &Output,
     load_secs: f64,
+    spine_per_pass: Option<u64>,
 ) -> String {
     let store = model.store().snapshot();
     // The decode passes' tokens: every generated token after the first, which comes from the prefill's
@@ -34,8 +36,13 @@ pub fn stats_line(
             )
         })
         .collect();
+    // Per generated token, the prompt's reads included: what speculation is meant to lower.
+    let per_token = |bytes: u64| bytes as f64 / out.tokens.len().max(1) as f64 / 1e6;
+    let spine = spine_per_pass
+        .map(|b| format!("spine {:.3} MB + ", per_token(b * stats.passes())))
+        .unwrap_or_default();
     format!(
-        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) + {:.1} MB background fill | expert slab {:.2} GiB, cache hits {:.1}% | I/O wait {:.3}s | lookahead precision/recall by layer {} | kernels {}",
+        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) + {:.1} MB background fill | expert slab {:.2} GiB, cache hits {:.1}% | I/O wait {:.3}s | read per generated token: {}experts {:.3} MB | lookahead precision/recall by layer {} | kernels {}",
         load_secs,
         n_prompt,
         out.prefill_secs,
@@ -52,6 +59,8 @@ pub fn stats_line(
         model.store().slab_bytes() as f64 / (1u64 << 30) as f64,
         100.0 * store.hit_rate(),
         store.wait_secs,
+        spine,
+        per_token(store.demand_bytes + store.prefetch_bytes),
         if predicted.is_empty() { "-".to_string() } else { predicted.join(" ") },
         model.kernels(),
     ) + &model
@@ -59,6 +68,35 @@ pub fn stats_line(
         .backfill_activity()
         .map(|a| format!(" | {a}"))
         .unwrap_or_default()
+}
+
+/// The `[speculative]` line: how the guesses fared and how many each pass checked.
+pub fn speculative_line<D: Backend>(d: &Draft<D>, generated: usize) -> String {
+    let chosen: Vec<String> = d
+        .chosen
+        .iter()
+        .enumerate()
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect();
+    let refused: Vec<String> = d
+        .refused
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{}:{n}", i + 1))
+        .collect();
+    format!(
+        "[speculative] up to {} guesses per pass: {} of {} taken ({:.1}%); {} generated tokens took {} checking passes + {} re-runs of the model | passes by guesses checked {} | refused at guess {} | drafter expert bytes {:.1} MB",
+        d.k,
+        d.accepted,
+        d.proposed,
+        100.0 * d.acceptance(),
+        generated,
+        d.passes,
+        d.reruns,
+        chosen.join(" "),
+        refused.join(" "),
+        d.stats.bytes() as f64 / 1e6,
+    )
 }
 
 /// `--events FILE.jsonl`: one line per generated token describing the pass that chose it (the first line's

@@ -34,10 +34,12 @@ enum Kind<S> {
     Prefill,
     /// A chosen token.
     Token,
-    /// A chosen token and the drafter's guesses after it, checked in one pass; the session as it was before.
-    Check(S),
-    /// The tokens a check took, run again from before it (the check ran past them).
-    Rerun,
+    /// A chosen token and the drafter's guesses after it, checked in one pass; the session as it was before,
+    /// on a backend that cannot roll back.
+    Check(Option<S>),
+    /// The tokens a check of `checked` rows took, run again from before it (the check ran past them, on a
+    /// backend that cannot roll back).
+    Rerun { checked: usize },
 }
 
 impl<S> Planned<S> {
@@ -170,7 +172,7 @@ impl<B: Backend> Generation<B> {
             return None;
         }
         let t0 = Instant::now();
-        let Some(last) = self.last.take() else {
+        if self.last.is_none() {
             let start = self.history.len();
             let end = self.prompt.len().min(start + prefill_chunk.max(1));
             let rows = if self.prompt_logits.is_some() {
@@ -184,20 +186,32 @@ impl<B: Backend> Generation<B> {
                 kind: Kind::Prefill,
                 t0,
             });
-        };
-        let next = self.sampler.pick(&last);
-        self.finish = self.emit(next, &last, &mut on_token);
-        self.last = Some(last);
-        if self.finish.is_some() {
-            self.decode_secs += t0.elapsed().as_secs_f64();
-            return None;
         }
+        let next = self.choose(t0, &mut on_token)?;
         Some(Planned {
             tokens: vec![next],
             rows: LogitRows::Last,
             kind: Kind::Token,
             t0,
         })
+    }
+
+    /// Chooses the next token from the logits after the history and hands it out; `None` when generation
+    /// ends with it (it is then not fed).
+    fn choose(
+        &mut self,
+        t0: Instant,
+        on_token: &mut impl FnMut(u32, &[f32]) -> Flow,
+    ) -> Option<u32> {
+        let last = self.last.take().expect("prefilled");
+        let next = self.sampler.pick(&last);
+        self.finish = self.emit(next, &last, on_token);
+        self.last = Some(last);
+        if self.finish.is_some() {
+            self.decode_secs += t0.elapsed().as_secs_f64();
+            return None;
+        }
+        Some(next)
     }
 
     /// Whether a decode step may let the backend run the step after it ahead on its own greedy choice
@@ -226,6 +240,9 @@ impl<B: Backend> Generation<B> {
         let mut session = model.new_session()?;
         for piece in self.history.chunks(chunk.max(1)) {
             model.forward(&mut session, piece, LogitRows::Last, stats)?;
+        }
+        if matches!(planned.kind, Kind::Check(None)) {
+            model.keep_rows(&mut session);
         }
         self.session = session;
         model.forward(&mut self.session, &planned.tokens, planned.rows, stats)
@@ -273,11 +290,11 @@ impl<B: Backend> Generation<B> {
     }
 
     /// Like [`Self::step`], but once the prompt is consumed each step chooses the next token, lets `draft`
-    /// guess up to `draft.k` more (fewer while guesses keep failing), and checks them all with one multi-row
-    /// pass of `model`. Every token is still chosen by this generation's sampler from `model`'s logits for
-    /// exactly the same history, and a pass's rows equal single-token passes bit for bit, so the tokens and
-    /// logits handed out are exactly those of [`Self::step`] — the drafter only decides how many come out of
-    /// one pass.
+    /// guess up to `draft.k` more (as many as its cost model expects to pay, perhaps none), and checks them all
+    /// with one multi-row pass of `model`. Every token is still chosen by this generation's sampler from
+    /// `model`'s logits for exactly the same history, and a pass's rows equal single-token passes bit for bit,
+    /// so the tokens and logits handed out are exactly those of [`Self::step`] — the drafter only decides how
+    /// many come out of one pass.
     pub fn step_speculative<D: Backend>(
         &mut self,
         model: &B,
@@ -286,18 +303,18 @@ impl<B: Backend> Generation<B> {
         prefill_chunk: usize,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<FinishReason>> {
-        let vocab = model.config().vocab_size;
         let mut next = self.plan_speculative(model, draft, prefill_chunk, &mut on_token)?;
         while let Some(p) = next {
             let logits = model.forward(&mut self.session, &p.tokens, p.rows, stats)?;
-            next = self.apply_speculative(p, logits, vocab, draft, &mut on_token)?;
+            next = self.apply_speculative(model, p, logits, draft, &mut on_token)?;
         }
         Ok(self.finish)
     }
 
     /// [`Self::step_speculative`] up to its pass, as [`Self::plan`] is for [`Self::step`]: the chosen token
     /// (shown to `on_token`) and `draft`'s guesses after it, to check in one pass — or, when this step does not
-    /// guess, what [`Self::plan`] plans.
+    /// guess, what [`Self::plan`] plans. The session keeps what rolling back to any row of the check needs, or,
+    /// on a backend that cannot roll back, the check carries a copy of the session as it was.
     pub fn plan_speculative<D: Backend>(
         &mut self,
         model: &B,
@@ -306,101 +323,127 @@ impl<B: Backend> Generation<B> {
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<Planned<B::Session>>> {
         let room = self.max_new.saturating_sub(self.tokens.len() + 1);
-        if self.finish.is_some() || self.last.is_none() || room == 0 || !draft.speculate() {
+        let guesses = if self.finish.is_none() && self.last.is_some() {
+            draft.choose(room)
+        } else {
+            0
+        };
+        if guesses == 0 {
             return Ok(self.plan(prefill_chunk, on_token));
         }
         let t0 = Instant::now();
-        let last = self.last.take().expect("prefilled");
-        let first = self.sampler.pick(&last);
-        self.finish = self.emit(first, &last, &mut on_token);
-        self.last = Some(last);
-        if self.finish.is_some() {
-            self.decode_secs += t0.elapsed().as_secs_f64();
+        let Some(first) = self.choose(t0, &mut on_token) else {
             return Ok(None);
-        }
-        let guesses = draft.guess(&self.history, first, draft.len().min(room))?;
+        };
+        let guesses = draft.guess(&self.history, first, guesses)?;
         let mut tokens = vec![first];
         tokens.extend_from_slice(&guesses);
+        let kind = if guesses.is_empty() {
+            Kind::Token
+        } else if model.keep_rows(&mut self.session) {
+            Kind::Check(None)
+        } else {
+            Kind::Check(Some(model.fork(&self.session)?))
+        };
+        let rows = if guesses.is_empty() {
+            LogitRows::Last
+        } else {
+            LogitRows::All
+        };
         Ok(Some(Planned {
             tokens,
-            rows: LogitRows::All,
-            kind: Kind::Check(model.fork(&self.session)?),
+            rows,
+            kind,
             t0,
         }))
     }
 
     /// Takes the logits of a pass [`Self::plan_speculative`] planned. A check keeps each guess while this
     /// generation's sampler picks it from the pass's rows (showing it to `on_token`). If the pass ran past the
-    /// tokens taken (a guess refused, or a token that ends generation, which is handed out but not fed),
-    /// returns the pass that runs the taken ones again from before the check; its logits come here too.
+    /// tokens taken (a guess refused, or a token that ends generation, which is handed out but not fed), the
+    /// session is rolled back to the taken rows — or, on a backend that cannot roll back, this returns the pass
+    /// that runs them again from before the check; its logits come here too.
     pub fn apply_speculative<D: Backend>(
         &mut self,
+        model: &B,
         planned: Planned<B::Session>,
         logits: Vec<f32>,
-        vocab: usize,
         draft: &mut Draft<D>,
         mut on_token: impl FnMut(u32, &[f32]) -> Flow,
     ) -> Result<Option<Planned<B::Session>>> {
+        let vocab = model.config().vocab_size;
+        let t0 = planned.t0;
         let before = match planned.kind {
-            kind @ (Kind::Prefill | Kind::Token) => {
-                self.apply(Planned { kind, ..planned }, logits, vocab);
+            Kind::Prefill => {
+                self.apply(planned, logits, vocab);
                 return Ok(None);
             }
-            Kind::Rerun => {
+            Kind::Token => {
+                self.apply(planned, logits, vocab);
+                draft.passed(1, t0);
+                return Ok(None);
+            }
+            Kind::Rerun { checked } => {
                 self.last = Some(logits);
-                self.checked(&planned.tokens, draft, planned.t0)?;
+                self.checked(&planned.tokens, t0);
+                draft.passed(checked, t0);
                 return Ok(None);
             }
             Kind::Check(before) => before,
         };
-        let (tokens, t0) = (planned.tokens, planned.t0);
+        let tokens = planned.tokens;
         let guesses = &tokens[1..];
         let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
         let mut fed = vec![tokens[0]];
+        let mut compared = 0;
         for (i, &guess) in guesses.iter().enumerate() {
-            draft.proposed += 1;
+            compared += 1;
             let rewind = self.sampler.clone();
             if self.sampler.pick(row(i)) != guess {
                 // The target chooses otherwise here: that choice is made again, from the same state, next step.
                 self.sampler = rewind;
                 break;
             }
-            draft.accepted += 1;
             if let Some(f) = self.emit(guess, row(i), &mut on_token) {
                 self.finish = Some(f);
                 break;
             }
             fed.push(guess);
         }
+        // A guess that ended generation was taken, though not fed.
+        let taken = fed.len() - 1 + usize::from(self.finish.is_some());
+        draft.compared(compared, taken);
         draft.passes += 1;
-        draft.adapt(fed.len() - 1, guesses.len());
-        if self.finish.is_none() && fed.len() == tokens.len() {
-            // Every guess was taken: the pass left the session exactly where the history now ends.
-            self.last = Some(row(fed.len() - 1).to_vec());
-            self.checked(&fed, draft, t0)?;
-            return Ok(None);
+        match before {
+            Some(before) if fed.len() < tokens.len() => {
+                self.session = before;
+                draft.reruns += 1;
+                Ok(Some(Planned {
+                    tokens: fed,
+                    rows: LogitRows::Last,
+                    kind: Kind::Rerun {
+                        checked: tokens.len(),
+                    },
+                    t0,
+                }))
+            }
+            _ => {
+                // Rolled back to the fed rows (or, all of them fed, rid of what the pass kept for that).
+                if before.is_none() {
+                    model.rollback(&mut self.session, fed.len())?;
+                }
+                self.last = Some(row(fed.len() - 1).to_vec());
+                self.checked(&fed, t0);
+                draft.passed(tokens.len(), t0);
+                Ok(None)
+            }
         }
-        self.session = before;
-        draft.reruns += 1;
-        Ok(Some(Planned {
-            tokens: fed,
-            rows: LogitRows::Last,
-            kind: Kind::Rerun,
-            t0,
-        }))
     }
 
-    /// A check's taken tokens `fed` join the history, which the drafter follows.
-    fn checked<D: Backend>(
-        &mut self,
-        fed: &[u32],
-        draft: &mut Draft<D>,
-        t0: Instant,
-    ) -> Result<()> {
+    /// A check's taken tokens `fed` join the history.
+    fn checked(&mut self, fed: &[u32], t0: Instant) {
         self.history.extend_from_slice(fed);
-        draft.follow(&self.history)?;
         self.decode_secs += t0.elapsed().as_secs_f64();
-        Ok(())
     }
 
     /// Whether the whole prompt has been consumed.

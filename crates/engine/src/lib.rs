@@ -7,8 +7,10 @@
 //! reuse of the state of an earlier prompt), [`logprobs()`] and [`StopMatcher`] (stop strings across token
 //! boundaries).
 
+mod cost_model;
 pub mod generation;
 pub mod logprobs;
+mod ngram;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
@@ -22,7 +24,7 @@ pub use logprobs::{logprobs, TokenLogprob};
 pub use prefix_cache::PrefixCache;
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Drafter, Finished, Job, Rejected, Scheduler, SchedulerConfig, Sink};
-pub use speculative::Draft;
+pub use speculative::{Draft, DraftArg, Guesser};
 pub use stop::StopMatcher;
 
 /// What to generate.
@@ -86,6 +88,21 @@ pub fn generate_in<B: Backend>(
 ) -> Result<(Output, B::Session)> {
     let gen = Generation::continuing(model, req, session)?;
     run(gen, |g| g.step(model, stats, usize::MAX, &mut on_token))
+}
+
+/// Like [`generate_in`] with speculative decoding ([`generate_speculative`]).
+pub fn generate_speculative_in<B: Backend, D: Backend>(
+    model: &B,
+    draft: &mut Draft<D>,
+    session: B::Session,
+    req: &Request,
+    stats: &Stats,
+    mut on_token: impl FnMut(u32, &[f32]) -> Flow,
+) -> Result<(Output, B::Session)> {
+    let gen = Generation::continuing(model, req, session)?;
+    run(gen, |g| {
+        g.step_speculative(model, draft, stats, usize::MAX, &mut on_token)
+    })
 }
 
 /// Like [`generate`] with speculative decoding: `draft` guesses, `model` checks. The tokens and logits handed

@@ -6,11 +6,13 @@
 //! the others. Between passes it polls each job for cancellation and drops a cancelled one at once, freeing its
 //! session. Finished prompts and conversations go to the [`PrefixCache`], and a new job whose prompt extends
 //! one resumes there. With a [`Drafter`], every job decodes speculatively (its tokens and logits unchanged): its
-//! piece is then a chosen token and the drafter's guesses, checked in the same batched pass, and the taken
-//! tokens of the checks that ran past them are run again in a second one.
+//! piece is then a chosen token and the drafter's guesses (as many as its cost model expects to pay), checked
+//! in the same batched pass; a check that ran past its taken tokens is rolled back to them — or, on a backend
+//! that cannot roll back, they are run again in a second pass.
 
 use crate::{
-    logprobs, Draft, FinishReason, Flow, Generation, Planned, PrefixCache, Request, TokenLogprob,
+    logprobs, Draft, FinishReason, Flow, Generation, Guesser, Planned, PrefixCache, Request,
+    TokenLogprob,
 };
 use anyhow::Result;
 use deltafin_models::{Backend, Model, Pass, Stats};
@@ -35,12 +37,14 @@ pub struct SchedulerConfig {
     pub drafter: Option<Drafter>,
 }
 
-/// A small model sharing the served model's tokenizer; it runs on the CPU whatever the model runs on, and
-/// guesses up to `tokens` tokens per pass of the model (each job has its own session of it).
+/// What guesses for every job: a small model sharing the served model's tokenizer (it runs on the CPU
+/// whatever the model runs on; each job has its own session of it), or prompt lookup; up to `tokens` tokens
+/// per pass of the model (as many as its cost model expects to pay, or, `fixed`, always `tokens`).
 #[derive(Clone)]
 pub struct Drafter {
-    pub model: Arc<Model>,
+    pub guesser: Guesser<Model>,
     pub tokens: usize,
+    pub fixed: bool,
 }
 
 impl std::fmt::Debug for Drafter {
@@ -397,7 +401,8 @@ impl<B: Backend> Worker<B> {
         };
         self.publish_cache();
         let draft = match &self.shared.cfg.drafter {
-            Some(d) => Draft::new(d.model.clone(), &*self.model, d.tokens).map(Some),
+            Some(d) => Draft::new(d.guesser.clone(), &*self.model, d.tokens)
+                .map(|draft| Some(if d.fixed { draft.fixed() } else { draft })),
             None => Ok(None),
         };
         let started = resume
@@ -575,7 +580,7 @@ impl<B: Backend> Worker<B> {
                 Ok(l) => catch_unwind(AssertUnwindSafe(|| {
                     let on_token = token_callback(c, &mut a.job);
                     match &mut a.draft {
-                        Some(d) => a.gen.apply_speculative(plan, l, vocab, d, on_token),
+                        Some(d) => a.gen.apply_speculative(&*self.model, plan, l, d, on_token),
                         None => {
                             a.gen.apply(plan, l, vocab);
                             Ok(None)

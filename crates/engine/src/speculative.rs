@@ -1,55 +1,150 @@
-//! The drafter side of speculative decoding: a small model sharing the tokenizer guesses the next tokens
-//! greedily; [`crate::Generation::step_speculative`] checks the guesses with one pass of the target and keeps
-//! what the target itself would have chosen. The drafter is any [`Backend`], not necessarily the target's.
+//! The drafter side of speculative decoding: something that guesses the next tokens — a small model sharing the
+//! tokenizer, run greedily, or prompt lookup ([`crate::ngram`]) for any model — and a [`CostModel`] that decides
+//! how many guesses each pass checks. [`crate::Generation::step_speculative`] checks the guesses with one pass
+//! of the target and keeps what the target itself would have chosen. A drafting model is any [`Backend`], not
+//! necessarily the target's.
 
+use crate::cost_model::CostModel;
+use crate::ngram;
 use crate::sampler::argmax;
-use anyhow::{bail, Result};
-use deltafin_models::{Backend, LogitRows, Stats};
+use anyhow::{bail, Context, Result};
+use deltafin_models::{Backend, LogitRows, Model, Stats};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
-/// Plain steps after guesses of a single token kept failing.
-const PAUSE_STEPS: usize = 8;
+/// Where guesses come from.
+pub enum Guesser<D> {
+    /// A small model sharing the model's tokenizer, run greedily.
+    Model(Arc<D>),
+    /// Prompt lookup in the sequence's own tokens.
+    Ngram,
+}
+
+impl<D> Clone for Guesser<D> {
+    fn clone(&self) -> Self {
+        match self {
+            Guesser::Model(m) => Guesser::Model(m.clone()),
+            Guesser::Ngram => Guesser::Ngram,
+        }
+    }
+}
+
+/// `--draft`: `ngram` (prompt lookup) or a drafting model's directory (`./ngram` for one named so).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DraftArg {
+    Ngram,
+    Model(PathBuf),
+}
+
+impl std::str::FromStr for DraftArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<DraftArg, Self::Err> {
+        Ok(match s {
+            "ngram" => DraftArg::Ngram,
+            dir => DraftArg::Model(dir.into()),
+        })
+    }
+}
+
+impl DraftArg {
+    /// The guesser it names, a drafting model loaded on the CPU.
+    pub fn load(&self) -> Result<Guesser<Model>> {
+        Ok(match self {
+            DraftArg::Ngram => Guesser::Ngram,
+            DraftArg::Model(dir) => Guesser::Model(Arc::new(
+                Model::load(dir)
+                    .with_context(|| format!("loading the drafter {}", dir.display()))?,
+            )),
+        })
+    }
+}
+
+enum Source<D: Backend> {
+    Model {
+        model: Arc<D>,
+        session: D::Session,
+        /// Tokens the session has consumed: always a prefix of the target's history.
+        consumed: Vec<u32>,
+        /// The states guessing reached: after each guess (but the last) following `consumed`, so that the
+        /// guesses the model takes need not be run again.
+        ahead: Vec<(u32, D::Session)>,
+    },
+    Ngram,
+}
 
 pub struct Draft<D: Backend> {
-    model: Arc<D>,
-    session: D::Session,
-    /// Tokens the session has consumed: always a prefix of the target's history.
-    consumed: Vec<u32>,
-    /// Tokens guessed per target pass.
+    source: Source<D>,
+    /// Most guesses checked per target pass.
     pub k: usize,
     /// Guesses compared with the model's choice, and those that matched (guesses past the end are neither).
     pub proposed: u64,
     pub accepted: u64,
     /// Target passes that checked guesses.
     pub passes: u64,
-    /// Target passes that re-ran the taken tokens after a guess was refused.
+    /// Target passes that re-ran the taken tokens after a guess was refused (a backend that cannot roll back).
     pub reruns: u64,
-    /// Guesses to make next time: grows while all are taken, shrinks while none is.
-    len: usize,
-    /// Plain steps left before guessing again, after guesses of one token kept failing.
-    pause: usize,
+    /// Decode passes by the number of guesses they checked (index 0: plain steps).
+    pub chosen: Vec<u64>,
+    /// Checks by the guess the model refused (index 0: the first guess).
+    pub refused: Vec<u64>,
+    cost: CostModel,
+    /// Guess `k` on every pass, whatever the cost model says.
+    fixed: bool,
+    /// Seconds the drafter spent on guesses the next pass checks (not part of the pass's cost).
+    drafting: f64,
     pub stats: Stats,
 }
 
 impl<D: Backend> Draft<D> {
-    pub fn new(drafter: Arc<D>, target: &impl Backend, k: usize) -> Result<Draft<D>> {
-        let (dv, tv) = (drafter.config().vocab_size, target.config().vocab_size);
-        if dv != tv {
-            bail!("the drafter's vocabulary has {dv} tokens, the model's {tv}; a drafter must share the model's tokenizer");
-        }
+    /// Guesses from `guesser`, at most `k` per pass of `target`.
+    pub fn new(guesser: Guesser<D>, target: &impl Backend, k: usize) -> Result<Draft<D>> {
+        let source = match guesser {
+            Guesser::Model(model) => {
+                let (dv, tv) = (model.config().vocab_size, target.config().vocab_size);
+                if dv != tv {
+                    bail!("the drafter's vocabulary has {dv} tokens, the model's {tv}; a drafter must share the model's tokenizer");
+                }
+                Source::Model {
+                    session: model.new_session()?,
+                    model,
+                    consumed: Vec::new(),
+                    ahead: Vec::new(),
+                }
+            }
+            Guesser::Ngram => Source::Ngram,
+        };
         Ok(Draft {
-            session: drafter.new_session()?,
-            model: drafter,
-            consumed: Vec::new(),
+            source,
             k,
             proposed: 0,
             accepted: 0,
             passes: 0,
             reruns: 0,
-            len: k,
-            pause: 0,
+            chosen: vec![0; k + 1],
+            refused: vec![0; k],
+            cost: CostModel::new(k),
+            fixed: false,
+            drafting: 0.0,
             stats: Stats::default(),
         })
+    }
+
+    /// Guesses `k` tokens on every pass (fewer only at the end), whatever the measurements say: for tests of
+    /// the machinery and for measuring what the cost model saves.
+    pub fn fixed(mut self) -> Draft<D> {
+        self.fixed = true;
+        self
+    }
+
+    /// Guesses the next pass should check, at most `room`: as many as the cost model expects to pay.
+    pub(crate) fn choose(&mut self, room: usize) -> usize {
+        if self.fixed {
+            self.k.min(room)
+        } else {
+            self.cost.choose(room)
+        }
     }
 
     /// Fraction of guesses the target took.
@@ -57,62 +152,93 @@ impl<D: Backend> Draft<D> {
         self.accepted as f64 / self.proposed.max(1) as f64
     }
 
-    /// Whether the next step should guess (and counts down a pause if not).
-    pub(crate) fn speculate(&mut self) -> bool {
-        if self.k == 0 {
-            return false;
-        }
-        if self.pause > 0 {
-            self.pause -= 1;
-            return false;
-        }
-        true
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// After a pass took `taken` of `made` guesses: a drafter that keeps missing costs a re-run each time
-    /// without saving a pass, so guess fewer, and after a miss at one guess, pause for a few plain steps.
-    pub(crate) fn adapt(&mut self, taken: usize, made: usize) {
-        if taken == made {
-            self.len = (self.len + 1).min(self.k);
-        } else if taken == 0 {
-            if self.len == 1 {
-                self.pause = PAUSE_STEPS;
-            }
-            self.len = (self.len - 1).max(1);
-        }
-    }
-
-    /// Greedy guesses of the `n` tokens after `history` and `first`.
+    /// Up to `n` (≥ 1) guesses of the tokens after `history` and `first` (fewer when prompt lookup finds no
+    /// match).
     pub(crate) fn guess(&mut self, history: &[u32], first: u32, n: usize) -> Result<Vec<u32>> {
-        self.follow(history)?;
-        let mut s = self.model.fork(&self.session)?;
-        let mut out = Vec::with_capacity(n);
-        let mut next = first;
-        for _ in 0..n {
-            let logits = self
-                .model
-                .forward(&mut s, &[next], LogitRows::Last, &self.stats)?;
-            next = argmax(&logits);
-            out.push(next);
-        }
-        Ok(out)
+        debug_assert!(n > 0, "a step that guesses nothing is a plain step");
+        let t0 = Instant::now();
+        let guesses = match &mut self.source {
+            Source::Ngram => ngram::guess(history, first, n),
+            Source::Model {
+                model,
+                session,
+                consumed,
+                ahead,
+            } => {
+                follow(&**model, session, consumed, ahead, history, &self.stats)?;
+                // `first` is taken whatever the check says: the session itself consumes it.
+                let logits = model.forward(session, &[first], LogitRows::Last, &self.stats)?;
+                consumed.push(first);
+                let mut next = argmax(&logits);
+                let mut out = vec![next];
+                let mut s = model.fork(session)?;
+                while out.len() < n {
+                    let logits = model.forward(&mut s, &[next], LogitRows::Last, &self.stats)?;
+                    ahead.push((next, model.fork(&s)?));
+                    next = argmax(&logits);
+                    out.push(next);
+                }
+                out
+            }
+        };
+        self.drafting = t0.elapsed().as_secs_f64();
+        self.cost.guessed(n, self.drafting);
+        Ok(guesses)
     }
 
-    /// Brings the session to the end of `history`, which extends what it has consumed.
-    pub(crate) fn follow(&mut self, history: &[u32]) -> Result<()> {
-        if !history.starts_with(&self.consumed) {
-            bail!("internal: the drafter's history is not a prefix of the model's");
+    /// A pass checked `compared` guesses against the model's choices and took the first `taken`.
+    pub(crate) fn compared(&mut self, compared: usize, taken: usize) {
+        self.proposed += compared as u64;
+        self.accepted += taken as u64;
+        if taken < compared {
+            self.refused[taken] += 1;
         }
-        let rest = &history[self.consumed.len()..];
-        if !rest.is_empty() {
-            self.model
-                .forward(&mut self.session, rest, LogitRows::Last, &self.stats)?;
-            self.consumed.extend_from_slice(rest);
-        }
-        Ok(())
+        self.cost.compared(compared, taken);
     }
+
+    /// A decode step whose pass had `rows` rows ends, `since` its start (drafting excluded).
+    pub(crate) fn passed(&mut self, rows: usize, since: Instant) {
+        let secs = since.elapsed().as_secs_f64() - std::mem::take(&mut self.drafting);
+        self.cost.passed(rows, secs.max(0.0));
+        self.chosen[rows - 1] += 1;
+    }
+}
+
+/// Brings a drafting model's session to the end of `history`: lazily, when it next guesses, so plain steps
+/// cost the drafter nothing, and from the furthest state its last guesses reached along it. A history that
+/// does not extend what it consumed is a new sequence (the next generation on a reused drafter), which it
+/// starts afresh.
+fn follow<D: Backend>(
+    model: &D,
+    session: &mut D::Session,
+    consumed: &mut Vec<u32>,
+    ahead: &mut Vec<(u32, D::Session)>,
+    history: &[u32],
+    stats: &Stats,
+) -> Result<()> {
+    if !history.starts_with(consumed) {
+        *session = model.new_session()?;
+        consumed.clear();
+        ahead.clear();
+    }
+    let rest = &history[consumed.len()..];
+    let reached = ahead
+        .iter()
+        .zip(rest)
+        .take_while(|((guess, _), token)| guess == *token)
+        .count();
+    let states = std::mem::take(ahead);
+    if let Some((_, state)) = reached
+        .checked_sub(1)
+        .and_then(|i| states.into_iter().nth(i))
+    {
+        *session = state;
+        consumed.extend_from_slice(&rest[..reached]);
+    }
+    let rest = &history[consumed.len()..];
+    if !rest.is_empty() {
+        model.forward(session, rest, LogitRows::Last, stats)?;
+        consumed.extend_from_slice(rest);
+    }
+    Ok(())
 }

@@ -434,14 +434,22 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
         // End on the 7th token of the greedy run when it comes up.
         req.stop_ids = vec![plain.0[6]];
         let (a_tokens, a_logits, a) = drive(m, Generation::new(m, &req, None).unwrap(), 256);
-        // A drafter that is always right (the model itself) and one that is mostly wrong.
-        for drafter in [model(), &other] {
+        // A drafter that is always right (the model itself), one that is mostly wrong, and prompt lookup;
+        // guessing k every pass, and as many as the cost model chooses.
+        let guessers = [
+            Guesser::Model(model().clone()),
+            Guesser::Model(other.clone()),
+            Guesser::Ngram,
+        ];
+        for (guesser, fixed) in guessers.iter().flat_map(|g| [(g, true), (g, false)]) {
             for k in [1, 3, 8] {
-                let mut draft = Draft::new(drafter.clone(), m, k).unwrap();
+                let draft = Draft::new(guesser.clone(), m, k).unwrap();
+                let mut draft = if fixed { draft.fixed() } else { draft };
                 let (b_tokens, b_logits, b) =
                     drive_speculative(m, &mut draft, Generation::new(m, &req, None).unwrap());
-                assert_eq!(a_tokens, b_tokens, "t={temperature} k={k}");
-                assert!(a_logits == b_logits, "t={temperature} k={k}");
+                assert_eq!(a_tokens, b_tokens, "t={temperature} k={k} fixed={fixed}");
+                assert!(a_logits == b_logits, "t={temperature} k={k} fixed={fixed}");
+                assert_eq!(draft.reruns, 0, "the CPU rolls back instead");
                 assert_eq!(a.finish_reason(), b.finish_reason());
                 // Both sessions consumed the same history: the next pass is bit-identical.
                 let (ha, mut sa, la) = a.snapshot(m).unwrap().unwrap();
@@ -453,8 +461,10 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
                 let next_a = m.forward(&mut sa, &[7], rows, &stats).unwrap();
                 let next_b = m.forward(&mut sb, &[7], rows, &stats).unwrap();
                 assert!(next_a == next_b);
-                if Arc::ptr_eq(drafter, model()) && temperature == 0.0 {
-                    assert_eq!(draft.acceptance(), 1.0, "the model agrees with itself");
+                if let (Guesser::Model(d), true) = (guesser, fixed) {
+                    if Arc::ptr_eq(d, model()) && temperature == 0.0 {
+                        assert_eq!(draft.acceptance(), 1.0, "the model agrees with itself");
+                    }
                 }
             }
         }
@@ -646,8 +656,7 @@ fn a_lone_greedy_job_lets_the_backend_run_ahead_until_its_last_step() {
     assert_eq!(*backend.ahead.lock().unwrap(), want);
 }
 
-/// With a drafter, concurrent jobs' checks share batched passes (and the re-runs of refused guesses a second
-/// one): every job still gets exactly its plain generation's tokens, greedy and sampled, with a drafter that
+/// With a drafter, concurrent jobs' checks share batched passes (each rolled back to its taken rows): every job still gets exactly its plain generation's tokens, greedy and sampled, with a drafter that
 /// is always right and one that is mostly wrong.
 #[test]
 fn speculative_jobs_share_passes_and_match_plain_generation() {
@@ -657,10 +666,11 @@ fn speculative_jobs_share_passes_and_match_plain_generation() {
     let reqs: Vec<Request> = (0..3)
         .map(|i| request(&PROMPT[i..], 14, 0.6 * i as f32))
         .collect();
-    for drafter in [model().clone(), other] {
+    for guesser in [Guesser::Model(model().clone()), Guesser::Model(other)] {
         let drafter = Drafter {
-            model: drafter,
+            guesser,
             tokens: 3,
+            fixed: true,
         };
         let sched = scheduler(3, 0, Some(drafter));
         let h = Harness::new();

@@ -76,6 +76,22 @@ pub trait Backend: Send + Sync {
     /// An independent copy of `session`, equal bit for bit: both continue exactly as the original would.
     fn fork(&self, session: &Self::Session) -> Result<Self::Session>;
 
+    /// Asks `session`'s next pass to keep what [`Self::rollback`] needs to restore the state after any of its
+    /// rows. `false` when this backend cannot roll back: the caller then forks before the pass and runs the
+    /// rows it takes again.
+    fn keep_rows(&self, session: &mut Self::Session) -> bool {
+        let _ = session;
+        false
+    }
+
+    /// Restores a session whose last pass kept its rows ([`Self::keep_rows`]) to the state after the first
+    /// `rows` of them: bit for bit the state a pass over only those rows leaves, without reading any weights.
+    /// `rows` equal to the pass's drops what was kept.
+    fn rollback(&self, session: &mut Self::Session, rows: usize) -> Result<()> {
+        let _ = (session, rows);
+        anyhow::bail!("internal: this backend does not roll back; fork before the pass instead")
+    }
+
     /// Tokens `session` has consumed.
     fn position(&self, session: &Self::Session) -> usize;
 

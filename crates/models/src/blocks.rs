@@ -32,6 +32,25 @@ impl LayerState {
             LayerState::Mla(c) => c.bytes(),
         }
     }
+
+    /// Restores the state after the first `rows` of the `pass` rows of its last pass (which kept them), `start`
+    /// tokens having come before it. Reads no weights: a streamed layer need not be in memory.
+    pub fn rollback(&mut self, start: usize, rows: usize, pass: usize) -> Result<()> {
+        match self {
+            LayerState::Kda(s) if rows == pass => s.forget_rows(),
+            LayerState::Kda(s) => s.rollback(rows)?,
+            LayerState::Mla(c) => c.keep_first(start + rows, start + pass),
+        }
+        Ok(())
+    }
+
+    /// Every value of the state, as bits (for tests of exact equality).
+    pub fn bits(&self) -> Vec<u32> {
+        match self {
+            LayerState::Kda(s) => s.bits().collect(),
+            LayerState::Mla(c) => c.bits().collect(),
+        }
+    }
 }
 
 impl Attention {
@@ -42,9 +61,10 @@ impl Attention {
         })
     }
 
-    pub fn forward(&self, x: &[f32], n: usize, state: &mut LayerState) -> Vec<f32> {
+    /// With `keep`, the state keeps what [`Self::rollback`] needs.
+    pub fn forward(&self, x: &[f32], n: usize, state: &mut LayerState, keep: bool) -> Vec<f32> {
         match (self, state) {
-            (Attention::Kda(k), LayerState::Kda(s)) => k.forward(x, n, s),
+            (Attention::Kda(k), LayerState::Kda(s)) => k.forward(x, n, s, keep),
             (Attention::Mla(m), LayerState::Mla(c)) => m.forward(x, n, c),
             _ => unreachable!("a session's layer states are made by the same model's layers"),
         }
@@ -63,7 +83,13 @@ impl Attention {
         let mut at = 0;
         for p in batch {
             let n = p.tokens.len();
-            out.extend(self.forward(&x[at * hd..(at + n) * hd], n, &mut p.session.layers[l]));
+            let keep = p.session.keep_rows;
+            out.extend(self.forward(
+                &x[at * hd..(at + n) * hd],
+                n,
+                &mut p.session.layers[l],
+                keep,
+            ));
             at += n;
         }
         out

@@ -20,6 +20,8 @@ pub type Route = (usize, Vec<usize>);
 pub struct Stats {
     pub expert_bytes: AtomicU64,
     pub expert_uses: AtomicU64,
+    /// Forward passes run (each reads every streamed spine layer once).
+    pub passes: AtomicU64,
     layer_secs: Mutex<Vec<f64>>,
     routes: Option<Mutex<Vec<Route>>>,
     /// Called with each layer's index as a pass finishes it (a progress display for long prefills).
@@ -77,6 +79,9 @@ impl Stats {
     }
     pub fn uses(&self) -> u64 {
         self.expert_uses.load(Ordering::Relaxed)
+    }
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
     }
 }
 

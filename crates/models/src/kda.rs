@@ -6,7 +6,7 @@
 use crate::describe::{self as desc, DecayGate, QkNorm};
 use crate::ops::{forward_many, rms_norm, sigmoid, silu, softplus};
 use crate::weights::{Linear, Loader};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use rayon::prelude::*;
 
 /// The gate applied to the normed output of each head ([`desc::OutputGate`]).
@@ -39,10 +39,39 @@ pub struct Kda {
 }
 
 /// Per-layer recurrent state: the last `kernel − 1` conv inputs of every channel and S `[heads, K, V]`.
-#[derive(Clone)]
 pub struct KdaState {
     conv: [Vec<f32>; 3],
     s: Vec<f32>,
+    /// What the last pass kept to restore the state after any of its rows ([`KdaState::rollback`]).
+    kept: Option<Box<KeptRows>>,
+}
+
+/// A copy carries the recurrence, not what its last pass kept: a copy is where a sequence continues, not one
+/// to roll back.
+impl Clone for KdaState {
+    fn clone(&self) -> KdaState {
+        KdaState {
+            conv: self.conv.clone(),
+            s: self.s.clone(),
+            kept: None,
+        }
+    }
+}
+
+/// The state before a pass and each row's recurrence inputs, from which the state after any of its rows is
+/// replayed without the projections (no weights read). Per row: the raw conv inputs of q, k, v (they only
+/// move the windows), the normed k, the convolved v and the decay g (`heads·dim` each), and β (`heads`).
+#[derive(Default)]
+struct KeptRows {
+    conv: [Vec<f32>; 3],
+    s: Vec<f32>,
+    raw: [Vec<f32>; 3],
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    heads: usize,
+    dim: usize,
 }
 
 impl KdaState {
@@ -51,11 +80,77 @@ impl KdaState {
         KdaState {
             conv: [win.clone(), win.clone(), win],
             s: vec![0.0; heads * dim * dim],
+            kept: None,
         }
     }
 
+    /// The recurrence and what the last pass kept for a rollback.
     pub fn bytes(&self) -> usize {
-        4 * (self.conv.iter().map(Vec::len).sum::<usize>() + self.s.len())
+        let kept = self.kept.as_ref().map_or(0, |r| {
+            let rows = [&r.k, &r.v, &r.g, &r.beta, &r.s].map(|v| v.len());
+            let windows = r.conv.iter().chain(&r.raw).map(Vec::len);
+            rows.iter().sum::<usize>() + windows.sum::<usize>()
+        });
+        4 * (self.conv.iter().map(Vec::len).sum::<usize>() + self.s.len() + kept)
+    }
+
+    /// Every value of the recurrence, as bits (for tests of exact equality).
+    pub fn bits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.conv
+            .iter()
+            .chain([&self.s])
+            .flatten()
+            .map(|v| v.to_bits())
+    }
+
+    /// Drops what the last pass kept (its rows were all taken).
+    pub fn forget_rows(&mut self) {
+        self.kept = None;
+    }
+
+    /// Restores the state after the first `rows` rows of the last pass, which kept them: from the state
+    /// before it, the windows move and the delta rule updates S exactly as that pass did for those rows.
+    pub fn rollback(&mut self, rows: usize) -> Result<()> {
+        let Some(r) = self.kept.take() else {
+            bail!("internal: a KDA rollback needs the rows its last pass kept");
+        };
+        let KeptRows {
+            conv,
+            s,
+            raw,
+            k,
+            v,
+            g,
+            beta,
+            heads,
+            dim,
+        } = *r;
+        let w = heads * dim;
+        if rows > beta.len() / heads {
+            bail!(
+                "internal: a rollback to row {rows} of a pass of {}",
+                beta.len() / heads
+            );
+        }
+        (self.conv, self.s) = (conv, s);
+        for t in 0..rows {
+            for (window, raw) in self.conv.iter_mut().zip(&raw) {
+                let taps = window.len() / w;
+                for (c, &x) in raw[t * w..(t + 1) * w].iter().enumerate() {
+                    push_window(&mut window[c * taps..(c + 1) * taps], x);
+                }
+            }
+            let (k, v, g, beta) = (&k[t * w..], &v[t * w..], &g[t * w..], &beta[t * heads..]);
+            per_head(
+                heads * dim * dim,
+                self.s.chunks_mut(dim * dim),
+                |(hd, s)| {
+                    let r = hd * dim..(hd + 1) * dim;
+                    delta_update(s, &k[r.clone()], &v[r.clone()], &g[r], beta[hd]);
+                },
+            );
+        }
+        Ok(())
     }
 }
 
@@ -96,6 +191,7 @@ impl Kda {
         KdaState {
             conv: [win.clone(), win.clone(), win],
             s: vec![0.0; self.heads * self.dim * self.dim],
+            kept: None,
         }
     }
 
@@ -103,8 +199,9 @@ impl Kda {
         4 * (3 * self.heads * self.dim * (self.kernel - 1) + self.heads * self.dim * self.dim)
     }
 
-    /// `x`: n rows of the normed input. Returns n rows of `o_proj` output.
-    pub fn forward(&self, x: &[f32], n: usize, st: &mut KdaState) -> Vec<f32> {
+    /// `x`: n rows of the normed input. Returns n rows of `o_proj` output. With `keep`, the state keeps what
+    /// [`KdaState::rollback`] needs to go back to after any of the rows; otherwise it keeps nothing.
+    pub fn forward(&self, x: &[f32], n: usize, st: &mut KdaState, keep: bool) -> Vec<f32> {
         let (heads, dim) = (self.heads, self.dim);
         let w = heads * dim;
         // 1. projections, 4. β, 5. decay logits, 7. output gate — all row-wise, so batched.
@@ -135,6 +232,17 @@ impl Kda {
             OutputGate::FullRank(_) => gate,
             OutputGate::LowRank(_, b) => b.forward(&gate, n),
         };
+        // Buffers of the last pass's kept rows are reused by this one's.
+        let mut kept = st.kept.take().filter(|_| keep);
+        if keep {
+            let r = kept.get_or_insert_with(Box::default);
+            r.s.clone_from(&st.s);
+            r.conv.clone_from(&st.conv);
+            r.raw.clone_from(&qkv);
+            r.g.clone_from(&g);
+            r.beta.clone_from(&beta);
+            (r.heads, r.dim) = (heads, dim);
+        }
 
         let mut out = vec![0.0f32; n * w];
         for t in 0..n {
@@ -159,25 +267,14 @@ impl Kda {
             let o_t = &mut out[t * w..(t + 1) * w];
             let step = |(hd, (s, o)): (usize, (&mut [f32], &mut [f32]))| {
                 let r = hd * dim..(hd + 1) * dim;
-                delta_rule(
-                    s,
-                    &q[r.clone()],
-                    &k[r.clone()],
-                    &v[r.clone()],
-                    &g_t[r],
-                    beta_t[hd],
-                    o,
-                );
+                delta_update(s, &k[r.clone()], &v[r.clone()], &g_t[r.clone()], beta_t[hd]);
+                read_out(s, &q[r], o);
             };
-            let work =
-                st.s.chunks_mut(dim * dim)
-                    .zip(o_t.chunks_mut(dim))
-                    .enumerate();
-            if heads * dim * dim >= 1 << 16 {
-                work.collect::<Vec<_>>().into_par_iter().for_each(step);
-            } else {
-                work.for_each(step);
-            }
+            per_head(
+                heads * dim * dim,
+                st.s.chunks_mut(dim * dim).zip(o_t.chunks_mut(dim)),
+                step,
+            );
             // 7. per-head RMS norm, then the output gate.
             for (hd, o) in o_t.chunks_mut(dim).enumerate() {
                 rms_norm(o, &self.o_norm, self.eps);
@@ -185,6 +282,11 @@ impl Kda {
                     *v *= sigmoid(gate[t * w + hd * dim + i]);
                 }
             }
+        }
+        if let Some(mut r) = kept {
+            r.k.clone_from(&qkv[1]);
+            r.v.clone_from(&qkv[2]);
+            st.kept = Some(r);
         }
         self.o.forward(&out, n)
     }
@@ -199,10 +301,7 @@ impl Kda {
                 acc += wt[j] * win[j];
             }
             acc += wt[k - 1] * *v;
-            if k > 1 {
-                win.copy_within(1.., 0);
-                win[k - 2] = *v;
-            }
+            push_window(win, *v);
             *v = silu(acc);
         }
     }
@@ -220,9 +319,35 @@ impl Kda {
     }
 }
 
-/// One head, one step: `S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ; o = Sᵀq`.
+/// Runs `step` on each head's share of a `state`-value recurrence (independent, so in parallel for large states without changing any
+/// sum).
+fn per_head<T: Send>(
+    state: usize,
+    heads: impl Iterator<Item = T>,
+    step: impl Fn((usize, T)) + Send + Sync,
+) {
+    if state >= 1 << 16 {
+        heads
+            .enumerate()
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .for_each(step);
+    } else {
+        heads.enumerate().for_each(step);
+    }
+}
+
+/// A channel's window of its last `kernel − 1` inputs moves on by `x`.
+fn push_window(win: &mut [f32], x: f32) {
+    if let Some(last) = win.len().checked_sub(1) {
+        win.copy_within(1.., 0);
+        win[last] = x;
+    }
+}
+
+/// One head, one step of the delta rule: `S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ`.
 /// S is `[K, V]` row-major; every sum runs over the key index in increasing order.
-fn delta_rule(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f32, o: &mut [f32]) {
+fn delta_update(s: &mut [f32], k: &[f32], v: &[f32], g: &[f32], beta: f32) {
     let dv = v.len();
     let mut delta = v.to_vec();
     for (i, row) in s.chunks_mut(dv).enumerate() {
@@ -232,12 +357,20 @@ fn delta_rule(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: &[f32], beta: f
             *d -= *sv * k[i];
         }
     }
-    o.fill(0.0);
     for (i, row) in s.chunks_mut(dv).enumerate() {
         let bk = beta * k[i];
-        for ((sv, d), ov) in row.iter_mut().zip(&delta).zip(o.iter_mut()) {
+        for (sv, d) in row.iter_mut().zip(&delta) {
             *sv += bk * d;
-            *ov += *sv * q[i];
+        }
+    }
+}
+
+/// One head's output after its update: `o = Sᵀq`, summed over the key index in increasing order.
+fn read_out(s: &[f32], q: &[f32], o: &mut [f32]) {
+    o.fill(0.0);
+    for (row, &qi) in s.chunks(o.len()).zip(q) {
+        for (ov, sv) in o.iter_mut().zip(row) {
+            *ov += *sv * qi;
         }
     }
 }

@@ -72,10 +72,7 @@ impl Model {
     }
 
     pub fn new_session(&self) -> Session {
-        Session {
-            layers: blocks::initial_states(self.config()),
-            pos: 0,
-        }
+        Session::new(blocks::initial_states(self.config()))
     }
 }
 
@@ -111,11 +108,27 @@ impl Backend for Model {
             return Ok(Vec::new());
         }
         check_batch(self.config(), batch)?;
+        stats
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         on_pool(|| self.forward(batch, stats))
     }
 
     fn fork(&self, session: &Session) -> Result<Session> {
         Ok(session.clone())
+    }
+
+    fn keep_rows(&self, session: &mut Session) -> bool {
+        session.keep_rows = true;
+        true
+    }
+
+    /// From the state before the pass and its rows' recurrence inputs, kept by every KDA layer (the MLA caches
+    /// are cut): with `d` the KDA width (heads · head_dim), a state copy (`heads · head_dim²` + the windows)
+    /// per KDA layer plus about `6d` values per row (K3: 6.7 MB + 0.3 MB per row for each of its 69 KDA
+    /// layers — 464 MB, the KDA part of the fork it replaces, and 20 MB per row).
+    fn rollback(&self, session: &mut Session, rows: usize) -> Result<()> {
+        session.rollback(rows)
     }
 
     fn position(&self, session: &Session) -> usize {
@@ -237,13 +250,7 @@ fn plan_spine(
     let Some(budget) = opts.memory_budget else {
         return Ok(vec![true; desc.layers.len()]);
     };
-    let layer_bytes = desc
-        .layers
-        .iter()
-        .enumerate()
-        .map(|(l, d)| described_bytes(ck, &d.tensors()).with_context(|| format!("layer {l}")))
-        .collect::<Result<Vec<u64>>>()?;
-    let global = described_bytes(ck, &desc.globals())?;
+    let (layer_bytes, global) = spine_layer_bytes(ck, desc)?;
     let largest = layer_bytes.iter().copied().max().unwrap_or(0);
     // Always in memory: globals, the expert slab, and two streamed layers (the one computing, the next loading).
     let floor = global + store.slab_bytes() + 2 * largest;
@@ -255,6 +262,25 @@ fn plan_spine(
         );
     }
     Ok(spine::plan_resident(&layer_bytes, budget - floor))
+}
+
+/// Bytes of each layer's described spine tensors, and of the rest (embeddings, lm_head, final norm).
+fn spine_layer_bytes(ck: &Checkpoint, desc: &Description) -> Result<(Vec<u64>, u64)> {
+    let layer_bytes = desc
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, d)| described_bytes(ck, &d.tensors()).with_context(|| format!("layer {l}")))
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((layer_bytes, described_bytes(ck, &desc.globals())?))
+}
+
+/// Bytes every pass reads of a spine whose last `streamed` layers are read from disk on each pass (the
+/// memory budget keeps a prefix of the layers resident).
+pub fn streamed_spine_bytes(dir: &Path, streamed: usize) -> Result<u64> {
+    let desc = Description::of(&ModelConfig::from_dir(dir)?)?;
+    let (layers, _) = spine_layer_bytes(&Checkpoint::open(dir)?, &desc)?;
+    Ok(layers.iter().rev().take(streamed).sum())
 }
 
 /// Opens the routed experts of the checkpoint in `dir` as every backend reads them: a partial mirror only

@@ -48,6 +48,19 @@ impl LatentCache {
     pub fn bytes(&self) -> usize {
         4 * (self.lat.len() + self.pe.len())
     }
+
+    /// Keeps the first `tokens` of the cache's `of` positions: an entry depends only on its own row, so this
+    /// is the cache a pass over only those positions leaves.
+    pub fn keep_first(&mut self, tokens: usize, of: usize) {
+        let (lat, pe) = (self.lat.len() / of.max(1), self.pe.len() / of.max(1));
+        self.lat.truncate(tokens * lat);
+        self.pe.truncate(tokens * pe);
+    }
+
+    /// Every cached value, as bits (for tests of exact equality).
+    pub fn bits(&self) -> impl Iterator<Item = u32> + '_ {
+        self.lat.iter().chain(&self.pe).map(|v| v.to_bits())
+    }
 }
 
 impl Mla {

@@ -3,7 +3,7 @@
 use crate::{serve, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use deltafin_engine::{Draft, Drafter, SchedulerConfig};
+use deltafin_engine::{Draft, DraftArg, Drafter, SchedulerConfig};
 use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model};
 use deltafin_tokenizer::chat::ChatTemplate;
@@ -55,11 +55,14 @@ pub struct ServeArgs {
     /// After SIGTERM, seconds in-flight requests may take before they are ended.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
-    /// Speculative decoding: this small model (sharing the tokenizer; on the CPU) guesses the next tokens
-    /// of every generation and the model checks them in one pass. Replies are exactly those without it.
-    #[arg(long, value_name = "DIR")]
-    pub draft: Option<PathBuf>,
-    /// Tokens the drafter guesses per pass of the model.
+    /// Speculative decoding: `ngram` (prompt lookup: the tokens that followed the latest earlier occurrence of
+    /// the last few, for any model) or a small model's directory (sharing the tokenizer; on the CPU) guesses
+    /// the next tokens of every generation and the model checks them in one pass. Replies are exactly those
+    /// without it.
+    #[arg(long, value_name = "ngram|DIR")]
+    pub draft: Option<DraftArg>,
+    /// Most tokens guessed per pass of the model; each pass guesses as many as measurements say pay (perhaps
+    /// none).
     #[arg(long, default_value_t = 4, requires = "draft")]
     pub draft_tokens: usize,
 }
@@ -79,7 +82,7 @@ pub fn run<B: Backend + 'static>(
         _ => ChatTemplate::from_dir(&a.model)?.map(Arc::new),
     };
     let drafter = match &a.draft {
-        Some(dir) => Some(drafter(dir, &*model, a.draft_tokens)?),
+        Some(arg) => Some(drafter(arg, &*model, a.draft_tokens)?),
         None => None,
     };
     let name = match a.served_model_name {
@@ -128,13 +131,17 @@ pub fn run<B: Backend + 'static>(
     })
 }
 
-/// The `--draft` model, refused at start (not per request) when it cannot draft for `model`: the
+/// The `--draft` guesser, refused at start (not per request) when it cannot draft for `model`: the
 /// scheduler's own check, [`Draft::new`], is tried once here.
-fn drafter(dir: &Path, model: &impl Backend, tokens: usize) -> Result<Drafter> {
-    let context = || format!("loading the drafter {}", dir.display());
-    let d = Arc::new(Model::load(dir).with_context(context)?);
-    Draft::new(d.clone(), model, tokens).with_context(context)?;
-    Ok(Drafter { model: d, tokens })
+fn drafter(arg: &DraftArg, model: &impl Backend, tokens: usize) -> Result<Drafter> {
+    let guesser = arg.load()?;
+    Draft::<Model>::new(guesser.clone(), model, tokens)
+        .context("the --draft model cannot draft for this one")?;
+    Ok(Drafter {
+        guesser,
+        tokens,
+        fixed: false,
+    })
 }
 
 async fn shutdown_signal() {

@@ -134,7 +134,7 @@ pub fn render(http: &HttpCounters, sched: &Scheduler, store: &ExpertStore) -> St
     metric(
         "deltafin_batched_passes_total",
         "counter",
-        "Batched forward passes (each advances every active generation; with --draft, re-runs of refused guesses add one).",
+        "Batched forward passes (each advances every active generation; with --draft on a backend that cannot roll back, re-runs of refused guesses add one).",
         &one(get(&c.batched_passes)),
     );
     metric(
