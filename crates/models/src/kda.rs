@@ -4,8 +4,8 @@
 //! so a prefill of n tokens and n single-token steps perform the same arithmetic.
 
 use crate::describe::{self as desc, DecayGate, QkNorm};
-use crate::ops::{forward_many, rms_norm, sigmoid, silu, softplus};
-use crate::weights::{Linear, Loader};
+use crate::ops::{rms_norm, sigmoid, silu, softplus};
+use crate::weights::{forward_many, Linear, Loader};
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 

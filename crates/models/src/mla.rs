@@ -4,8 +4,8 @@
 //! With no rotation this equals the expanded form in real arithmetic.
 
 use crate::describe as desc;
-use crate::ops::{axpy, forward_many, rms_norm, sigmoid, softmax};
-use crate::weights::{Linear, Loader};
+use crate::ops::{axpy, rms_norm, sigmoid, softmax};
+use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
 use deltafin_kernels::{dot, matmul, matvec_t_bf16};
 use rayon::prelude::*;

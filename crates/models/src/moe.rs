@@ -3,8 +3,8 @@
 
 use crate::describe as desc;
 use crate::experts::{ExpertSet, Stats};
-use crate::ops::{forward_many, rms_norm, sigmoid, Act};
-use crate::weights::{Linear, Loader};
+use crate::ops::{rms_norm, sigmoid, Act};
+use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
 use rayon::prelude::*;
 

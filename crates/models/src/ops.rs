@@ -1,23 +1,8 @@
 //! Element-wise and per-vector operations, each with one fixed evaluation order so every row's result
-//! depends on that row alone, and the products of one input by several matrices.
+//! depends on that row alone.
 
 use crate::math::{tanh, tanh_div};
-use crate::weights::Linear;
-use deltafin_kernels::{dot, matmul_many, Matrix};
-
-/// `W x` for each of several matrices taking the same input, in one parallel region: a layer's
-/// projections of one activation are each too small to be worth a hand-off to the pool of their own.
-/// The bits are those of each [`Linear::forward`].
-pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], n: usize) -> [Vec<f32>; N] {
-    let mut ys = ls.map(|l| vec![0.0; n * l.rows]);
-    let mut products: Vec<(Matrix, &mut [f32])> = ls
-        .iter()
-        .zip(ys.iter_mut())
-        .map(|(l, y)| (l.matrix(), y.as_mut_slice()))
-        .collect();
-    matmul_many(&mut products, x, n);
-    ys
-}
+use deltafin_kernels::dot;
 
 /// `RMS(x, w) = w ⊙ (x · rsqrt(mean(x²) + eps))`, in place.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::Dtype;
 use deltafin_kernels::codec::bf16_to_f32;
-use deltafin_kernels::{matmul, Matrix};
+use deltafin_kernels::{matmul, matmul_many, Matrix};
 
 /// A BF16 weight matrix `[rows, cols]`.
 pub struct Linear {
@@ -124,4 +124,18 @@ impl Embedding {
 
 pub fn context_layer<T>(r: Result<T>, layer: usize) -> Result<T> {
     r.with_context(|| format!("layer {layer}"))
+}
+
+/// `W x` for each of several matrices taking the same input, in one parallel region: a layer's
+/// projections of one activation are each too small to be worth a hand-off to the pool of their own.
+/// The bits are those of each [`Linear::forward`].
+pub fn forward_many<const N: usize>(ls: [&Linear; N], x: &[f32], n: usize) -> [Vec<f32>; N] {
+    let mut ys = ls.map(|l| vec![0.0; n * l.rows]);
+    let mut products: Vec<(Matrix, &mut [f32])> = ls
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(l, y)| (l.matrix(), y.as_mut_slice()))
+        .collect();
+    matmul_many(&mut products, x, n);
+    ys
 }
