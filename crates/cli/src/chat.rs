@@ -342,23 +342,15 @@ fn converse<B: Backend>(
             eprintln!("[stopped]");
         }
         if a.stats {
-            eprintln!(
-                "{}",
-                crate::report::stats_line(
-                    model,
-                    &stats,
-                    req.prompt.len(),
-                    &output,
-                    load_secs,
-                    spine_per_pass
-                )
+            crate::report::print_stats(
+                model,
+                &stats,
+                req.prompt.len(),
+                &output,
+                load_secs,
+                spine_per_pass,
+                draft.as_ref(),
             );
-            if let Some(d) = &draft {
-                eprintln!(
-                    "{}",
-                    crate::report::speculative_line(d, output.tokens.len())
-                );
-            }
         }
         // The session now holds the prompt and every generated token but the last (never fed back).
         session_tokens.extend_from_slice(&req.prompt);

@@ -204,23 +204,15 @@ fn generate_on<B: Backend>(
         npy::write_f32(path, rows.len() / vocab, vocab, &rows)?;
     }
     if args.stats {
-        eprintln!(
-            "{}",
-            crate::report::stats_line(
-                model,
-                &stats,
-                req.prompt.len(),
-                &output,
-                load_secs,
-                spine_per_pass
-            )
+        crate::report::print_stats(
+            model,
+            &stats,
+            req.prompt.len(),
+            &output,
+            load_secs,
+            spine_per_pass,
+            draft.as_ref(),
         );
-        if let Some(d) = &draft {
-            eprintln!(
-                "{}",
-                crate::report::speculative_line(d, output.tokens.len())
-            );
-        }
     }
     Ok(())
 }

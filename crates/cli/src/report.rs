@@ -9,8 +9,27 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
+/// Prints the `[stats]` line of a generation, and the `[speculative]` line when `draft` guessed for it.
 /// `spine_per_pass`: the spine bytes every pass reads from disk (its streamed layers), when known.
-pub fn stats_line(
+pub fn print_stats<D: Backend>(
+    model: &impl Backend,
+    stats: &Stats,
+    n_prompt: usize,
+    out: &Output,
+    load_secs: f64,
+    spine_per_pass: Option<u64>,
+    draft: Option<&Draft<D>>,
+) {
+    eprintln!(
+        "{}",
+        stats_line(model, stats, n_prompt, out, load_secs, spine_per_pass)
+    );
+    if let Some(d) = draft {
+        eprintln!("{}", speculative_line(d, out.tokens.len()));
+    }
+}
+
+fn stats_line(
     model: &impl Backend,
     stats: &Stats,
     n_prompt: usize,
@@ -71,7 +90,7 @@ pub fn stats_line(
 }
 
 /// The `[speculative]` line: how the guesses fared and how many each pass checked.
-pub fn speculative_line<D: Backend>(d: &Draft<D>, generated: usize) -> String {
+fn speculative_line<D: Backend>(d: &Draft<D>, generated: usize) -> String {
     let chosen: Vec<String> = d
         .chosen
         .iter()
