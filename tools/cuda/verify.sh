@@ -81,13 +81,18 @@ if [ "$MODE" != bench ]; then
   log "== the engine on the GPU: speculative decoding, chat, serve (kimi_k3)"
   for preset in tiny small; do
     m=$W/kimi_k3-$preset
-    # Sampled, with the model itself as a greedy drafter (on the CPU): many guesses are refused, so the
-    # verification passes (several rows) and the rewinds to a forked session both run; the bits must not move.
-    s="--prompt-ids $PROMPT --max-new 16 --ignore-eos --temperature 0.8 --seed 3"
-    "$BIN" run --model "$m" --device cuda $s --dump-logits "$W/plain.npy" >/dev/null 2>&1
-    "$BIN" run --model "$m" --device cuda $s --draft "$m" --draft-tokens 3 --stats --dump-logits "$W/spec.npy" >/dev/null 2>"$W/spec.err"
-    if cmp -s "$W/plain.npy" "$W/spec.npy"; then log "  $preset: speculative (sampled) bit-identical to plain CUDA decoding"; else log "  $preset: speculative DIFFERS from plain CUDA decoding"; fail=1; fi
-    grep -E "^\[(speculative|cuda)\]" "$W/spec.err" | tee -a "$REPORT"
+    # The model itself as a greedy drafter (on the CPU), sampled and greedy, and prompt lookup on a prompt that
+    # repeats: sampled, many guesses are refused, so checking passes (several rows) and rollbacks to each row
+    # both run; the bits must not move, and no refusal may re-run the model.
+    for d in "sampled $m --temperature 0.8 --seed 3" "greedy $m --temperature 0" "ngram ngram --temperature 0.8 --seed 3"; do
+      read -r name draft sampling <<<"$d"
+      s="--prompt-ids $PROMPT,$PROMPT,$PROMPT --max-new 24 --ignore-eos $sampling"
+      "$BIN" run --model "$m" --device cuda $s --dump-logits "$W/plain.npy" >/dev/null 2>&1
+      "$BIN" run --model "$m" --device cuda $s --draft "$draft" --draft-tokens 3 --draft-fixed --stats --dump-logits "$W/spec.npy" >/dev/null 2>"$W/spec.err"
+      if cmp -s "$W/plain.npy" "$W/spec.npy"; then log "  $preset $name: speculative bit-identical to plain CUDA decoding"; else log "  $preset $name: speculative DIFFERS from plain CUDA decoding"; fail=1; fi
+      grep -q "+ 0 re-runs" "$W/spec.err" || { log "  $preset $name: the model was re-run after a refusal"; fail=1; }
+      grep -E "^\[(speculative|cuda)\]" "$W/spec.err" | tee -a "$REPORT"
+    done
   done
   m=$W/kimi_k3-tiny
   for dev in cpu cuda; do

@@ -234,6 +234,14 @@ impl Backend for Timed<'_> {
         self.model.fork(session)
     }
 
+    fn keep_rows(&self, session: &mut CudaSession) -> bool {
+        self.model.keep_rows(session)
+    }
+
+    fn rollback(&self, session: &mut CudaSession, rows: usize) -> Result<()> {
+        self.model.rollback(session, rows)
+    }
+
     fn position(&self, session: &CudaSession) -> usize {
         self.model.position(session)
     }

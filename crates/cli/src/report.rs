@@ -104,7 +104,7 @@ fn speculative_line<D: Backend>(d: &Draft<D>, generated: usize) -> String {
         .map(|(i, n)| format!("{}:{n}", i + 1))
         .collect();
     format!(
-        "[speculative] up to {} guesses per pass: {} of {} taken ({:.1}%); {} generated tokens took {} checking passes + {} re-runs of the model | passes by guesses checked {} | refused at guess {} | drafter expert bytes {:.1} MB",
+        "[speculative] up to {} guesses per pass: {} of {} taken ({:.1}%); {} generated tokens took {} checking passes + {} re-runs of the model | passes by guesses checked {} | refused at guess {} | drafting {:.1} ms in all | drafter expert bytes {:.1} MB",
         d.k,
         d.accepted,
         d.proposed,
@@ -114,6 +114,7 @@ fn speculative_line<D: Backend>(d: &Draft<D>, generated: usize) -> String {
         d.reruns,
         chosen.join(" "),
         refused.join(" "),
+        1e3 * d.drafting_secs,
         d.stats.bytes() as f64 / 1e6,
     )
 }

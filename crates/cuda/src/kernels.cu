@@ -450,11 +450,13 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
 // decode step run ahead on the device's own choice can be taken back).
 // The head's state is read into shared memory before the wait (no kernel of the pass writes it but this one)
 // and written back once at the end, so its read-modify-writes per row cost no round trips to global memory.
+// keep (null: none): a checking pass's snapshots, [n - 1][S, conv] in S's and conv's layouts: the state after
+// each row but the last, from which a rollback restores the state after any row without running the model.
 // Dynamic shared memory: (dim + 4) · dim floats.
 extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const float* g, const float* beta,
                                           const float* gate, const float* dt_bias, const float* a_log,
                                           float lower, const float* conv_w, float* conv_state, float* S,
-                                          const u32* pos, const float* o_norm, float* out, int n, int heads,
+                                          float* keep, const u32* pos, const float* o_norm, float* out, int n, int heads,
                                           int dim, int kern, int kind, float eps) {
     pdl_launch_next();
     extern __shared__ float sh[];
@@ -546,6 +548,17 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         __syncthreads();
         float r = o_norm[j] * (o * red[0]);
         out[(size_t)t * w + c] = r * sigmoidf_(gate[(size_t)t * w + c]);
+        // This thread's column of S and its windows, which it alone writes.
+        if (keep && t + 1 < n) {
+            float* kt = keep + (size_t)t * (s_len + conv_len);
+#pragma unroll 8
+            for (int i = 0; i < dim; i++) kt[(size_t)h * dim * dim + (size_t)i * dim + j] = col[i * dim];
+            for (int p = 0; p < 3; p++)
+                for (int jj = 0; jj < kern - 1; jj++) {
+                    size_t at = ((size_t)p * w + c) * (kern - 1) + jj;
+                    kt[s_len + at] = conv_state[at];
+                }
+        }
         __syncthreads();
     }
     float* St = S + to * s_len + (size_t)h * dim * dim;

@@ -203,6 +203,8 @@ kernel! {
         conv_w: DevPtr<f32>,
         conv_state: DevPtr<f32>,
         s: DevPtr<f32>,
+        /// A checking pass's snapshots after each row but the last (null: none; see `Keep`).
+        keep: DevPtr<f32>,
         pos: DevPtr<u32>,
         o_norm: DevPtr<f32>,
         out: DevPtr<f32>,

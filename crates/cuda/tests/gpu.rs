@@ -2,8 +2,13 @@
 //! `--ignored`): the backend's contract where no CLI run reaches it.
 
 use deltafin_cuda::{CudaModel, CudaOptions};
+use deltafin_engine::{
+    generate_in, generate_speculative_in, Draft, Flow, Guesser, Request, SamplingParams,
+};
 use deltafin_makemodel::{make_model, Arch, Preset};
 use deltafin_models::{Backend, LoadOptions, LogitRows, Stats};
+use std::path::Path;
+use std::sync::Arc;
 
 fn argmax(x: &[f32]) -> u32 {
     deltafin_engine::sampler::argmax(x)
@@ -11,6 +16,11 @@ fn argmax(x: &[f32]) -> u32 {
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
+}
+
+fn tiny(arch: Arch, dir: &Path) -> CudaModel {
+    make_model(arch, Preset::Tiny, 0, dir).unwrap();
+    CudaModel::load(dir, &LoadOptions::default(), &CudaOptions::default()).unwrap()
 }
 
 /// Decode steps run ahead on the device's choice and taken over, discarded by another token, by a plain pass or
@@ -84,4 +94,119 @@ fn steps_run_ahead_compute_exactly_what_plain_passes_do() {
             );
         }
     }
+}
+
+/// A checking pass that kept its rows, rolled back to each of them: its rows' logits and everything after
+/// (passes of several rows, then graphed steps run ahead) equal those of a session that ran only those rows,
+/// bit for bit; the session holds the same position, and a rollback consumes what the pass kept.
+#[test]
+#[ignore = "needs an NVIDIA GPU: tools/cuda/verify.sh runs it there"]
+fn a_rollback_continues_as_a_shorter_pass_does() {
+    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny(arch, dir.path());
+        let (stats, v) = (Stats::default(), model.config().vocab_size);
+        let (prompt, pass) = ([3u32, 17, 42, 99, 7, 5, 11], [8u32, 21, 2, 64, 30]);
+        let mut base = model.new_session().unwrap();
+        model
+            .forward(&mut base, &prompt, LogitRows::Last, &stats)
+            .unwrap();
+        for rows in 1..=pass.len() {
+            let mut plain = model.fork(&base).unwrap();
+            let want = model
+                .forward(&mut plain, &pass[..rows], LogitRows::All, &stats)
+                .unwrap();
+            let mut kept = model.fork(&base).unwrap();
+            assert!(model.keep_rows(&mut kept), "CUDA rolls back");
+            let all = model
+                .forward(&mut kept, &pass, LogitRows::All, &stats)
+                .unwrap();
+            assert!(bits(&all[..rows * v]) == bits(&want), "{arch:?}: rows");
+            model.rollback(&mut kept, rows).unwrap();
+            assert_eq!(model.position(&kept), model.position(&plain));
+            assert!(model.rollback(&mut kept, 1).is_err(), "kept rows consumed");
+            let mut next = argmax(&want[(rows - 1) * v..]);
+            for step in 0..12 {
+                let (a, b) = if step < 2 {
+                    let toks = [next, (next + step + 1) % v as u32];
+                    let a = model.forward(&mut kept, &toks, LogitRows::All, &stats);
+                    (a, model.forward(&mut plain, &toks, LogitRows::All, &stats))
+                } else {
+                    let a = model.decode(&mut kept, next, true, &stats);
+                    (a, model.decode(&mut plain, next, true, &stats))
+                };
+                let (a, b) = (a.unwrap(), b.unwrap());
+                assert!(
+                    bits(&a) == bits(&b),
+                    "{arch:?}: step {step} after rolling back to {rows} rows"
+                );
+                next = argmax(&a[a.len() - v..]);
+            }
+        }
+    }
+}
+
+/// Speculative generation on the GPU with every guesser — the model drafting for itself (on the GPU too) and
+/// prompt lookup on a prompt that repeats — greedy and sampled: the tokens, the logits that chose them and the
+/// session left behind are plain decoding's bit for bit, with no re-run after a refusal.
+#[test]
+#[ignore = "needs an NVIDIA GPU: tools/cuda/verify.sh runs it there"]
+fn speculation_hands_out_plain_decodings_tokens_and_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Arc::new(tiny(Arch::KimiK3, dir.path()));
+    let stats = Stats::default();
+    let run = |req: &Request, draft: Option<&mut Draft<CudaModel>>| {
+        let mut logits = Vec::new();
+        let on_token = |_: u32, l: &[f32]| {
+            logits.push(bits(l));
+            Flow::Continue
+        };
+        let session = model.new_session().unwrap();
+        let (out, mut session) = match draft {
+            Some(d) => generate_speculative_in(&*model, d, session, req, &stats, on_token),
+            None => generate_in(&*model, session, req, &stats, on_token),
+        }
+        .unwrap();
+        let after = model
+            .forward(&mut session, &[3], LogitRows::Last, &stats)
+            .unwrap();
+        (out.tokens, logits, bits(&after))
+    };
+    // Prompt lookup finds few repeats in a random model's text: a few sampled checks (each refused) over
+    // all seeds; the model drafting for itself checks on every step.
+    let repeated: Vec<u32> = [1, 2, 3, 4, 5, 6, 7, 8].repeat(3);
+    let mut refused = 0;
+    for (guesser, name) in [
+        (Guesser::Model(model.clone()), "drafter"),
+        (Guesser::Ngram, "ngram"),
+    ] {
+        let mut passes = 0;
+        for seed in 0..3u64 {
+            let req = Request {
+                prompt: repeated.clone(),
+                max_new: 64,
+                stop_ids: vec![],
+                sampling: SamplingParams {
+                    temperature: if seed == 0 { 0.0 } else { 0.2 * seed as f32 },
+                    seed,
+                    ..Default::default()
+                },
+                prompt_logits: false,
+            };
+            let plain = run(&req, None);
+            let mut draft = Draft::new(guesser.clone(), &*model, 4).unwrap().fixed();
+            let spec = run(&req, Some(&mut draft));
+            assert_eq!(plain.0, spec.0, "{name}, seed {seed}: tokens");
+            assert!(plain.1 == spec.1, "{name}, seed {seed}: logits");
+            assert!(
+                plain.2 == spec.2,
+                "{name}, seed {seed}: the session left behind"
+            );
+            assert_eq!(draft.reruns, 0, "{name}, seed {seed}");
+            passes += draft.passes;
+            refused += draft.refused.iter().sum::<u64>();
+        }
+        assert!(passes > 0, "{name}: no checking pass");
+    }
+    assert!(refused > 0, "no guess was refused: rollback untested");
 }

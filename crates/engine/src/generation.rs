@@ -305,7 +305,14 @@ impl<B: Backend> Generation<B> {
     ) -> Result<Option<FinishReason>> {
         let mut next = self.plan_speculative(model, draft, prefill_chunk, &mut on_token)?;
         while let Some(p) = next {
-            let logits = model.forward(&mut self.session, &p.tokens, p.rows, stats)?;
+            let logits = if p.decode_step() {
+                // A step run ahead would be thrown away by a checking pass after it: only while the cost
+                // model guesses nothing is the next step likely plain too.
+                let ahead = self.runs_ahead() && !draft.guessing();
+                model.decode(&mut self.session, p.tokens[0], ahead, stats)?
+            } else {
+                model.forward(&mut self.session, &p.tokens, p.rows, stats)?
+            };
             next = self.apply_speculative(model, p, logits, draft, &mut on_token)?;
         }
         Ok(self.finish)

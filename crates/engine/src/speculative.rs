@@ -94,6 +94,10 @@ pub struct Draft<D: Backend> {
     fixed: bool,
     /// Seconds the drafter spent on guesses the next pass checks (not part of the pass's cost).
     drafting: f64,
+    /// Seconds the drafter spent in all.
+    pub drafting_secs: f64,
+    /// Guesses the last step chose to check.
+    last_choice: usize,
     pub stats: Stats,
 }
 
@@ -127,6 +131,8 @@ impl<D: Backend> Draft<D> {
             cost: CostModel::new(k),
             fixed: false,
             drafting: 0.0,
+            drafting_secs: 0.0,
+            last_choice: 0,
             stats: Stats::default(),
         })
     }
@@ -140,11 +146,17 @@ impl<D: Backend> Draft<D> {
 
     /// Guesses the next pass should check, at most `room`: as many as the cost model expects to pay.
     pub(crate) fn choose(&mut self, room: usize) -> usize {
-        if self.fixed {
+        self.last_choice = if self.fixed {
             self.k.min(room)
         } else {
             self.cost.choose(room)
-        }
+        };
+        self.last_choice
+    }
+
+    /// Whether the last step chose to guess (whether or not the guesser found any).
+    pub(crate) fn guessing(&self) -> bool {
+        self.last_choice > 0
     }
 
     /// Fraction of guesses the target took.
@@ -182,6 +194,7 @@ impl<D: Backend> Draft<D> {
             }
         };
         self.drafting = t0.elapsed().as_secs_f64();
+        self.drafting_secs += self.drafting;
         self.cost.guessed(n, self.drafting);
         Ok(guesses)
     }

@@ -1,7 +1,7 @@
 //! The CPU model's `Backend` contract on the device.
 
 use super::cuda_model::CudaModel;
-use super::session::{header, CudaSession, State};
+use super::session::{header, CudaSession, Keep, State};
 use super::spine::Attn;
 use crate::gpu::{DevBuf, Doing};
 use anyhow::Result;
@@ -68,6 +68,7 @@ impl Backend for CudaModel {
             pos: 0,
             graph: None,
             ahead: None,
+            keep: Keep::default(),
         })
     }
 
@@ -99,6 +100,7 @@ impl Backend for CudaModel {
                 self.cache.lock().unwrap().counters.ahead_discarded += 1;
             }
             self.reserve(p.session, p.tokens.len())?;
+            self.begin_keep(p.session, p.tokens.len())?;
         }
         let cap = batch.iter().map(|p| p.session.mla_cap()).max().unwrap_or(0);
         let mut arena = self.arena.lock().unwrap();
@@ -212,14 +214,31 @@ impl Backend for CudaModel {
             pos: session.pos,
             graph: None,
             ahead: None,
+            keep: Keep::default(),
         })
+    }
+
+    /// The next pass writes each KDA layer's state after each of its rows but the last into the session's
+    /// snapshot buffers (see `Keep`).
+    fn keep_rows(&self, session: &mut CudaSession) -> bool {
+        session.keep.armed = true;
+        true
+    }
+
+    /// Copies on the device from the last pass's snapshots (see `roll_back`).
+    fn rollback(&self, session: &mut CudaSession, rows: usize) -> Result<()> {
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .doing("binding the GPU context to this thread")?;
+        self.roll_back(session, rows)
     }
 
     fn position(&self, session: &CudaSession) -> usize {
         session.pos
     }
 
-    /// VRAM held: every state buffer, the MLA caches with their spare capacity.
+    /// VRAM held: every state buffer, the MLA caches with their spare capacity, the checking passes' snapshots.
     fn session_bytes(&self, session: &CudaSession) -> usize {
         session
             .layers
@@ -228,6 +247,7 @@ impl Backend for CudaModel {
                 State::Kda { conv, s } => conv.bytes + s.bytes,
                 State::Mla { lat, pe, .. } => lat.bytes + pe.bytes,
             })
-            .sum()
+            .sum::<usize>()
+            + session.keep.bytes()
     }
 }

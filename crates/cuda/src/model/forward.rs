@@ -344,10 +344,11 @@ impl CudaModel {
         let mut r0 = 0u64;
         for (i, p) in batch.iter_mut().enumerate() {
             let n = p.tokens.len();
-            let st = &mut p.session.layers[l];
+            let keep = p.session.keep.at(l);
+            let st = &p.session.layers[l];
             let pos = pos.byte_add(4 * i as u64);
             let (x, y) = (x.byte_add(r0 * row), y.byte_add(r0 * row));
-            self.attention(a, attn, x, norm, n, st, pos, y, out)?;
+            self.attention(a, attn, x, norm, n, (st, keep), pos, y, out)?;
             r0 += n as u64;
         }
         Ok(())
@@ -378,7 +379,8 @@ impl CudaModel {
     }
 
     /// The attention block of RMS(x) (`norm`: its weights and eps), its output projection into `y` (see
-    /// [`Mm`]); `pos`: the session's position on the device.
+    /// [`Mm`]); `st`: the session's state of this layer and where a KDA layer's snapshots go (see `Keep`);
+    /// `pos`: the session's position on the device.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention(
         &self,
@@ -387,14 +389,14 @@ impl CudaModel {
         x: DevPtr<f32>,
         norm: (DevPtr<f32>, f32),
         n: usize,
-        st: &State,
+        (st, keep): (&State, DevPtr<f32>),
         pos: DevPtr<u32>,
         y: DevPtr<f32>,
         out: Mm,
     ) -> Result<()> {
         match (attn, st) {
             (Attn::Kda(k), State::Kda { conv, s }) => {
-                let o = self.kda(a, k, x, norm, n, (conv.typed(), s.typed()), pos)?;
+                let o = self.kda(a, k, x, norm, n, (conv.typed(), s.typed(), keep), pos)?;
                 self.mm_into(&k.o, o, y, n, out)
             }
             (Attn::Mla(m), State::Mla { lat, pe, cap }) => {
@@ -429,7 +431,8 @@ impl CudaModel {
     }
 
     /// KDA of RMS(x) up to its output projection (the gated, normalised heads). `(conv_state, s)`: the session's
-    /// two copies of each (see kda_recurrence); `pos`: its position on the device.
+    /// two copies of each (see kda_recurrence), `keep`: where its snapshots go (null: none); `pos`: its
+    /// position on the device.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn kda(
         &self,
@@ -438,7 +441,7 @@ impl CudaModel {
         x: DevPtr<f32>,
         norm: (DevPtr<f32>, f32),
         n: usize,
-        (conv_state, s): (DevPtr<f32>, DevPtr<f32>),
+        (conv_state, s, keep): (DevPtr<f32>, DevPtr<f32>, DevPtr<f32>),
         pos: DevPtr<u32>,
     ) -> Result<DevPtr<f32>> {
         let (heads, dim) = (k.heads, k.dim);
@@ -471,6 +474,7 @@ impl CudaModel {
             conv_w: k.conv.ptr(),
             conv_state,
             s,
+            keep,
             pos,
             o_norm: k.o_norm.ptr(),
             out,

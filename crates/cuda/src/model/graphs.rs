@@ -34,6 +34,7 @@ impl CudaModel {
     ) -> Result<Vec<f32>> {
         let t0 = Instant::now();
         let pos = session.pos;
+        self.begin_keep(session, 1)?;
         let mut arena = self.arena.lock().unwrap();
         // Whether a step ran ahead, and whether it is taken over.
         let ran = session

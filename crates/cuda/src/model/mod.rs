@@ -8,6 +8,7 @@ mod expert_cache;
 mod experts;
 mod forward;
 mod graphs;
+mod rollback;
 mod session;
 mod spine;
 mod weights;

@@ -16,6 +16,43 @@ pub struct CudaSession {
     pub(super) graph: Option<DecodeGraph>,
     /// A decode step launched on the device's own choice and not yet taken over (`Backend::decode`).
     pub(super) ahead: Option<Ahead>,
+    /// What a checking pass keeps for `Backend::rollback`.
+    pub(super) keep: Keep,
+}
+
+/// A checking pass's snapshots of each KDA layer's state after each of its rows but the last (written by
+/// kda_recurrence), so that a rollback is a copy on the device: no re-run of the model. The buffers stay with
+/// the session, grown to the most rows a pass has kept, so a checking pass allocates nothing.
+#[derive(Default)]
+pub(super) struct Keep {
+    /// Per layer (none for MLA layers): `rows` snapshots of S then the conv windows (one parity's worth each).
+    pub(super) bufs: Vec<Option<DevBuf>>,
+    pub(super) rows: usize,
+    /// The next pass keeps its rows (`Backend::keep_rows`).
+    pub(super) armed: bool,
+    /// The last pass's start position and rows, when it kept them.
+    pub(super) pass: Option<(usize, usize)>,
+}
+
+impl Keep {
+    /// Where layer `l`'s snapshots go in the pass now issued (null unless it keeps more than one row).
+    pub(super) fn at(&self, l: usize) -> DevPtr<f32> {
+        match (self.pass, self.bufs.get(l)) {
+            (Some((_, n)), Some(Some(b))) if n > 1 => b.typed(),
+            _ => DevPtr::NULL,
+        }
+    }
+
+    /// The device address of layer `l`'s snapshot after row `row` (`len` floats each).
+    pub(super) fn at_row(&self, l: usize, row: usize, len: usize) -> u64 {
+        let b = self.bufs[l].as_ref().expect("a KDA layer's snapshots");
+        b.ptr + (4 * row * len) as u64
+    }
+
+    /// Device memory held.
+    pub(super) fn bytes(&self) -> usize {
+        self.bufs.iter().flatten().map(|b| b.bytes).sum()
+    }
 }
 
 /// A step run ahead: the token the device chose for it, and the arena's count of passes once it was issued.
@@ -134,6 +171,7 @@ mod tests {
             pos,
             graph: None,
             ahead: None,
+            keep: Keep::default(),
         }
     }
 
