@@ -4,7 +4,7 @@
 # quoted back (a passage, then its first two lines again) plain then --draft ngram. Rounds interleave the runs so
 # that drift hits all alike. Every speculative run's text must equal its plain run's. Prints each run, then per
 # case the median decode tok/s and its ratio to plain, bytes read per generated token, guesses taken, re-runs.
-# Usage: tools/cuda/spec.sh OUTDIR BINARY MODEL_DIR DRAFTER_DIR [REPS=5] [EXTRA RUN FLAGS...]
+# Usage: tools/cuda/spec.sh OUTDIR BINARY MODEL_DIR DRAFTER_DIR [REPS=5] [FLAGS OF THE SPECULATIVE RUNS...]
 set -uo pipefail
 OUT=$1; BIN=$2; MODEL=$3; DRAFTER=$4; REPS=${5:-5}; shift $(($# < 5 ? $# : 5))
 source "$(dirname "$0")/env.sh"
@@ -33,9 +33,9 @@ one() {  # CASE NAME PROMPT [FLAGS...]
   fi
 }
 for _ in $(seq "$REPS"); do
-  one drafter plain "ROMEO:" "$@"
+  one drafter plain "ROMEO:"
   one drafter drafter "ROMEO:" --draft "$DRAFTER" "$@"
-  one quote plain "$QUOTE" "$@"
+  one quote plain "$QUOTE"
   one quote ngram "$QUOTE" --draft ngram "$@"
 done
 python3 - "$RUNS" <<'PY'

@@ -1,6 +1,7 @@
 //! The CPU model's `Backend` contract on the device.
 
 use super::cuda_model::CudaModel;
+use super::graphs::MAX_CHECK_ROWS;
 use super::session::{header, CudaSession, Keep, State};
 use super::spine::Attn;
 use crate::gpu::{DevBuf, Doing};
@@ -67,6 +68,7 @@ impl Backend for CudaModel {
             layers,
             pos: 0,
             graph: None,
+            checks: Vec::new(),
             ahead: None,
             keep: Keep::default(),
         })
@@ -92,6 +94,15 @@ impl Backend for CudaModel {
         if n == 1 && self.graphed() {
             let p = &mut batch[0];
             return Ok(vec![self.step(p.session, p.tokens[0], false, stats)?]);
+        }
+        if let [p] = batch {
+            if n <= MAX_CHECK_ROWS
+                && p.rows == LogitRows::All
+                && p.session.keep.armed
+                && self.graphed()
+            {
+                return Ok(vec![self.check(p.session, p.tokens, stats)?]);
+            }
         }
         let t0 = Instant::now();
         for p in batch.iter_mut() {
@@ -213,6 +224,7 @@ impl Backend for CudaModel {
             layers,
             pos: session.pos,
             graph: None,
+            checks: Vec::new(),
             ahead: None,
             keep: Keep::default(),
         })

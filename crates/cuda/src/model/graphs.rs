@@ -10,6 +10,9 @@ use cudarc::driver::{result as cu, sys};
 use deltafin_models::{Backend, LogitRows, Pass, Stats};
 use std::time::Instant;
 
+/// The most rows a checking pass runs as a graph (a graph per row count stays with the session).
+pub(super) const MAX_CHECK_ROWS: usize = 9;
+
 impl CudaModel {
     /// Whether one-row steps run as graphs: every expert resident, no streamed layers (their copies are issued
     /// per pass), no `--timeline` (its notes are too), and no capture refused so far.
@@ -47,7 +50,7 @@ impl CudaModel {
             self.size_arena(&mut arena, 1, session.mla_cap())?;
             let a = &*arena;
             let hdr = self.stage(a, &[token, pos as u32])?;
-            let key = self.graph_key(a, session);
+            let key = self.graph_key(a, session, 1);
             if session.graph.as_ref().is_none_or(|g| g.key != key) {
                 session.graph = None;
                 match self.capture(a, session, hdr, stats, key) {
@@ -63,7 +66,7 @@ impl CudaModel {
             self.launch_step(a, session, pos)?;
         }
         let next = ahead && session.holds(2) && {
-            let key = self.graph_key(&arena, session);
+            let key = self.graph_key(&arena, session, 1);
             session.graph.as_ref().is_some_and(|g| g.key == key)
         };
         if next {
@@ -105,12 +108,70 @@ impl CudaModel {
         c.gpu_secs += gpu_secs;
     }
 
-    /// What a session's graph must have been captured with to replay now.
-    pub(super) fn graph_key(&self, a: &Arena, session: &CudaSession) -> GraphKey {
+    /// What a session's graph of a pass of `rows` must have been captured with to replay now.
+    pub(super) fn graph_key(&self, a: &Arena, session: &CudaSession, rows: usize) -> GraphKey {
         GraphKey {
             scratch: a.buf.as_ref().expect("sized at pass start").ptr,
             cap: session.mla_cap(),
+            rows,
+            keep: if rows > 1 { session.keep.grown } else { 0 },
         }
+    }
+
+    /// A checking pass of `session` over `tokens` (several rows, kept for a rollback: `begin_keep` is done
+    /// here) through the session's graph for that many rows, captured first if it has none that fits; every
+    /// row's logits. A step run ahead is discarded: this pass reads the state from before it.
+    pub(super) fn check(
+        &self,
+        session: &mut CudaSession,
+        tokens: &[u32],
+        stats: &Stats,
+    ) -> Result<Vec<f32>> {
+        let t0 = Instant::now();
+        let n = tokens.len();
+        if session.ahead.take().is_some() {
+            self.cache.lock().unwrap().counters.ahead_discarded += 1;
+        }
+        self.reserve(session, n)?;
+        self.begin_keep(session, n)?;
+        let mut arena = self.arena.lock().unwrap();
+        self.size_arena(&mut arena, n, session.mla_cap())?;
+        let a = &*arena;
+        let mut header = tokens.to_vec();
+        header.push(session.pos as u32);
+        let hdr = self.stage(a, &header)?;
+        let key = self.graph_key(a, session, n);
+        let at = session.checks.iter().position(|g| g.key.rows == n);
+        let graph = match at {
+            Some(i) if session.checks[i].key == key => session.checks.swap_remove(i),
+            _ => {
+                if let Some(i) = at {
+                    session.checks.swap_remove(i);
+                }
+                match self.capture(a, session, hdr, stats, key) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
+                        drop(arena);
+                        session.keep.armed = session.keep.pass.take().is_some();
+                        return self.forward(session, tokens, LogitRows::All, stats);
+                    }
+                }
+            }
+        };
+        a.issued.set(a.issued.get() + 1);
+        let launched = graph.graph.launch().doing("launching a checking pass");
+        let (logits, groups) = (graph.logits, graph.groups);
+        session.checks.push(graph);
+        launched?;
+        let issue_secs = t0.elapsed().as_secs_f64();
+        let out = self.gpu.dtoh::<f32>(logits, n * self.cfg.vocab_size)?;
+        let counts = self.gpu.dtoh::<i32>(groups, self.cfg.num_layers)?;
+        let moe = (0..self.cfg.num_layers).filter(|&l| !self.cfg.is_dense(l));
+        self.count_uses(stats, moe.map(|l| counts[l] as usize).sum(), true);
+        self.note_step(None, issue_secs, 0.0);
+        session.pos += n;
+        Ok(out)
     }
 
     /// Launches the session's graph for its step at `pos` (the header already in place on the device), and
@@ -141,7 +202,8 @@ impl CudaModel {
         Ok(())
     }
 
-    /// The one-row pass on the header at `hdr`, and its pick, captured as a graph (not run).
+    /// The pass of `key.rows` rows on the header at `hdr` (a one-row pass with its pick, a longer one with every
+    /// row's logits), captured as a graph (not run).
     pub(super) fn capture(
         &self,
         a: &Arena,
@@ -155,25 +217,33 @@ impl CudaModel {
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .doing("capturing a decode step")?;
+        let tokens = vec![0; key.rows];
         let mut pass = [Pass {
             session,
-            tokens: &[0],
-            rows: LogitRows::Last,
+            tokens: &tokens,
+            rows: if key.rows == 1 {
+                LogitRows::Last
+            } else {
+                LogitRows::All
+            },
         }];
         let issued = self
             .pass(a, &mut pass, stats, &mut Vec::new(), hdr)
             .and_then(|(logits, _)| {
-                DecodePick {
-                    logits,
-                    vocab: self.cfg.vocab_size,
-                    hdr,
-                    out: self.picks.out.typed(),
+                if key.rows == 1 {
+                    DecodePick {
+                        logits,
+                        vocab: self.cfg.vocab_size,
+                        hdr,
+                        out: self.picks.out.typed(),
+                    }
+                    .go(&self.gpu)?;
                 }
-                .go(&self.gpu)
+                Ok(logits)
             });
         // The capture ends whatever the issue did, so the stream is usable again.
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        issued?;
+        let logits = issued?;
         // The graph holds no upload (the key does not cover the upload area): only the header, staged before it.
         if a.host_off.get() != staged {
             bail!("internal: a decode step uploads more than its header");
@@ -185,6 +255,8 @@ impl CudaModel {
             graph,
             key,
             ctx: self.gpu.ctx.clone(),
+            logits: logits.addr(),
+            groups: a.groups.get(),
         })
     }
 }

@@ -32,6 +32,7 @@ impl CudaModel {
             });
         }
         keep.rows = n - 1;
+        keep.grown += 1;
         Ok(())
     }
 

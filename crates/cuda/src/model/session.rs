@@ -14,6 +14,8 @@ pub struct CudaSession {
     pub(super) pos: usize,
     /// Its one-row resident pass, captured at its first decode step and replayed after (see `DecodeGraph`).
     pub(super) graph: Option<DecodeGraph>,
+    /// Its checking passes (several rows, kept for a rollback), one graph per row count (see `check`).
+    pub(super) checks: Vec<DecodeGraph>,
     /// A decode step launched on the device's own choice and not yet taken over (`Backend::decode`).
     pub(super) ahead: Option<Ahead>,
     /// What a checking pass keeps for `Backend::rollback`.
@@ -28,6 +30,8 @@ pub(super) struct Keep {
     /// Per layer (none for MLA layers): `rows` snapshots of S then the conv windows (one parity's worth each).
     pub(super) bufs: Vec<Option<DevBuf>>,
     pub(super) rows: usize,
+    /// Times the buffers were allocated (a graph that writes them holds their addresses).
+    pub(super) grown: u64,
     /// The next pass keeps its rows (`Backend::keep_rows`).
     pub(super) armed: bool,
     /// The last pass's start position and rows, when it kept them.
@@ -69,6 +73,10 @@ pub(super) struct DecodeGraph {
     pub(super) graph: CudaGraph,
     pub(super) key: GraphKey,
     pub(super) ctx: Arc<CudaContext>,
+    /// Where the pass leaves its logits, and each layer's count of chosen experts (0 for one row): in the
+    /// scratch, which the key pins.
+    pub(super) logits: u64,
+    pub(super) groups: u64,
 }
 
 impl Drop for DecodeGraph {
@@ -85,6 +93,9 @@ pub(super) struct GraphKey {
     pub(super) scratch: u64,
     /// The MLA caches' capacity (growing reallocates them).
     pub(super) cap: usize,
+    /// The pass's rows, and the snapshot buffers' generation (`Keep::grown`; a one-row pass keeps none).
+    pub(super) rows: usize,
+    pub(super) keep: u64,
 }
 
 // SAFETY: a graph is used only through its session, which a pass holds mutably (never two threads at once).
@@ -170,6 +181,7 @@ mod tests {
             layers: Vec::new(),
             pos,
             graph: None,
+            checks: Vec::new(),
             ahead: None,
             keep: Keep::default(),
         }
