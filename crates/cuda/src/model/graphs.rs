@@ -10,7 +10,8 @@ use cudarc::driver::{result as cu, sys};
 use deltafin_models::{Backend, LogitRows, Pass, Stats};
 use std::time::Instant;
 
-/// The most rows a checking pass runs as a graph (a graph per row count stays with the session).
+/// The most rows a checking pass runs as a graph: up to 8 guesses. The session keeps a graph per row count,
+/// so this bounds how many it holds; longer checks run ungraphed.
 pub(super) const MAX_CHECK_ROWS: usize = 9;
 
 impl CudaModel {
@@ -153,6 +154,7 @@ impl CudaModel {
                     Err(e) => {
                         *self.graphs_off.lock().unwrap() = Some(format!("{e:#}"));
                         drop(arena);
+                        // The ungraphed pass keeps the rows instead.
                         session.keep.armed = session.keep.pass.take().is_some();
                         return self.forward(session, tokens, LogitRows::All, stats);
                     }
