@@ -23,8 +23,8 @@ const PLAIN_FIRST: usize = 3;
 const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
 /// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
-/// row — twice as many after each probe that changed nothing, up to `PROBE_EVERY_MOST`, as a probe costs
-/// where guessing does not pay — and every quarter as many steps one more or one fewer than the best when
+/// row — twice as many after each probe that changed nothing (once two rows are measured `PLAIN_FIRST` times),
+/// up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay — and every quarter as many steps one more or one fewer than the best when
 /// guessing.
 const PROBE_EVERY: usize = 32;
 const PROBE_EVERY_MOST: usize = 256;
@@ -132,7 +132,9 @@ impl CostModel {
             return best;
         }
         self.since_probe = 0;
-        if best == 0 {
+        // Backing off only once a pass of two rows has been measured a few times: one noisy pass must not
+        // keep guessing off for hundreds of steps.
+        if best == 0 && self.pass[1].len() >= PLAIN_FIRST {
             self.plain_probe_every = (2 * every).min(PROBE_EVERY_MOST);
         }
         self.probe_up = !self.probe_up;
@@ -407,6 +409,14 @@ mod tests {
         assert_eq!(first, Some(PROBE_EVERY));
         let next = (1..).find(|_| m.choose(10) == 1);
         assert_eq!(next, Some(2 * PROBE_EVERY));
+        // Not before a pass of two rows is measured a few times.
+        let mut m = measured(4, &[1.0]);
+        m.passed(2, cost(2.0, 0.0, 0.0, 0.0));
+        m.passed(2, cost(2.0, 0.0, 0.0, 0.0));
+        always_taken(&mut m, 1);
+        for _ in 0..3 {
+            assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY));
+        }
     }
 
     #[test]
