@@ -23,9 +23,9 @@ const PLAIN_FIRST: usize = 3;
 const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
 /// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
-/// row — twice as many after each probe that changed nothing (once two rows are measured `PLAIN_FIRST` times),
-/// up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay — and every quarter as many steps one more or one fewer than the best when
-/// guessing.
+/// row — twice as many after each probe that changed nothing (once two rows are measured `PLAIN_FIRST`
+/// times), up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay — and every quarter as many
+/// steps one more or one fewer than the best when guessing.
 const PROBE_EVERY: usize = 32;
 const PROBE_EVERY_MOST: usize = 256;
 
@@ -83,7 +83,7 @@ impl CostModel {
     /// Guesses to check in the next pass, at most `room`: the k whose predicted pass cost (plus drafting)
     /// buys the most expected tokens per second, against a plain pass predicted from as many latest passes.
     pub fn choose(&mut self, room: usize) -> usize {
-        if self.pass[0].len() < PLAIN_FIRST || room == 0 {
+        if self.pass[0].len() < PLAIN_FIRST || room == 0 || self.accept.is_empty() {
             return 0;
         }
         if self.pass[1].is_empty() {
@@ -302,6 +302,11 @@ mod tests {
             "a streamed spine: guessing is predicted to pay"
         );
         assert_eq!(m.choose(0), 0, "never more than the room left");
+        assert_eq!(
+            measured(0, &[1.0]).choose(10),
+            0,
+            "nor than the most guesses"
+        );
     }
 
     /// Experts streamed cold with random routing: a pass of r rows reads r rows' experts and computes r rows,
