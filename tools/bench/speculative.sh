@@ -5,7 +5,8 @@
 # the guesses taken, with the passes by guesses checked of the median run.
 # Usage: tools/bench/speculative.sh [path/to/deltafin] [rounds] [configs...]
 #   configs: a (spine streamed, experts cached), b (experts streamed cold), c (all cached),
-#            bench (the 17.5 MB-record bench model, n-gram drafting, experts streamed cold)
+#            bench (the 17.5 MB-record bench model, n-gram drafting, experts streamed cold, its own greedy text
+#            quoted back)
 set -u
 D=${1:-target/release/deltafin}
 N=${2:-5}
@@ -16,6 +17,11 @@ R=models/shakespeare-k3-drafter
 BENCH=${BENCH_MODEL:-$HOME/.cache/deltafin/kimi_k3-bench-seed0}
 # A document, then its first lines again: the model goes on in its own words, which repeat as it goes.
 QUOTE=$'ROMEO:\nBut soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\nArise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief,\nThat thou her maid art far more fair than she.\n\nROMEO:\nBut soft! what light through yonder window breaks?\n'
+
+# The bench model's prompt: ids 5,6,7, the first 20 tokens it generates greedily after them, and 5,6,7 again —
+# its own text quoted back, so that prompt lookup finds the prompt's end earlier and guesses what followed.
+# (Its random weights do not copy: after the second 5,6,7 it says something else, so the guesses are refused.)
+BENCH_PROMPT=5,6,7,1248,1536,2757,2545,1896,2547,1958,96,1814,1119,1388,4065,2686,435,1910,2837,3973,2951,1155,2983,5,6,7
 
 # The smallest --memory-budget the model accepts with every expert cached: no spine layer stays resident.
 floor() {
@@ -77,6 +83,6 @@ for c in ${CONFIGS[@]}; do
     b) bench_config "b" --model "$M" --prompt "ROMEO:" --max-new 300 --expert-cache 0 --no-prefetch ;;
     c) bench_config "c" --model "$M" --prompt "ROMEO:" --max-new 300 ;;
     a-quote) bench_config "a-quote" --model "$M" --prompt "$QUOTE" --max-new 300 --expert-cache 16M --memory-budget "$(floor)" ;;
-    bench) bench_config "bench" --model "$BENCH" --prompt-ids 5,6,7,5,6,7 --max-new 10 --expert-cache 0 --no-prefetch ;;
+    bench) bench_config "bench" --model "$BENCH" --prompt-ids "$BENCH_PROMPT" --max-new 12 --expert-cache 0 --no-prefetch ;;
   esac
 done

@@ -1,34 +1,58 @@
 //! How many guesses a speculative step checks, from measurements: a pass over k+1 rows costs what it costs in
-//! this configuration (the union of the rows' experts that are not cached, the spine layers that stream, the
-//! compute), and yields 1 + the guesses taken. Each step picks the k with the most expected tokens per second —
-//! 0 (a plain step) whenever guessing would not pay. It only decides how many tokens a pass checks, never
-//! which tokens come out.
+//! this configuration and yields 1 + the guesses taken. Each step picks the k with the most expected tokens per
+//! second — 0 (a plain step) whenever guessing would not pay. It only decides how many tokens a pass checks,
+//! never which tokens come out.
+//!
+//! A pass's cost is modelled from what it is made of, so that a k never tried is predicted rather than
+//! explored blindly: the spine layers that stream (one read serves every row), the routed experts that are not
+//! cached (the union of the rows' experts: read time per byte of one row's, times how the union grows with
+//! rows) and the rest — compute — which grows with the rows. Each part is measured on the passes run.
 
 use std::collections::VecDeque;
 
 /// Weight of a new measurement in the running average of drafting times.
 const SMOOTHING: f64 = 0.25;
-/// Recent passes per row count whose fastest is its cost: waiting on a shared machine (other processes, a
-/// cache filling in the background) only ever adds time — a pass can take several times as long as the next —
-/// so the fastest of the last few is the cost of the work, and follows a lasting change within a few passes.
-const RECENT: usize = 5;
-/// Plain passes measured before the first guess: the baseline everything is compared with.
+/// Recent passes kept per row count. Row counts are compared over the same number of their latest passes, by
+/// medians: a pass can take several times as long as the next on a shared machine, and the fastest of many
+/// plain passes against one or two of a guessing k would bias the choice against guessing.
+const RECENT: usize = 8;
+/// Plain passes measured before the first guess: the baseline everything is compared with. A pass of two
+/// rows is measured next, whatever it costs: with the plain pass, it shows how much of a pass its rows share.
 const PLAIN_FIRST: usize = 3;
 /// How much of the acceptance history each new comparison keeps: costs and drafters' luck drift.
 const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
 /// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
-/// row — twice as many after each probe that changed nothing, up to `PROBE_EVERY_MOST`, as a probe costs
-/// where guessing does not pay — and every quarter as many steps one more or one fewer than the best when
-/// guessing.
+/// row — twice as many after each probe that changed nothing (once two rows are measured `PLAIN_FIRST`
+/// times), up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay — and every quarter as many
+/// steps one more or one fewer than the best when guessing.
 const PROBE_EVERY: usize = 32;
 const PROBE_EVERY_MOST: usize = 256;
 
+/// What one decode pass cost, measured around it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassCost {
+    /// Wall seconds (taking its logits and rolling back included, drafting not).
+    pub secs: f64,
+    /// Of which waiting for streamed spine layers.
+    pub spine_wait: f64,
+    /// Of which waiting for routed experts to be read.
+    pub expert_wait: f64,
+    /// Routed-expert bytes the pass read (the union of its rows' experts that were not cached).
+    pub expert_bytes: f64,
+}
+
+impl PassCost {
+    /// What is neither read wait: compute and overheads, with `spine` the spine wait the model assumes.
+    fn work(&self, spine: f64) -> f64 {
+        self.secs - spine - self.expert_wait
+    }
+}
+
 pub struct CostModel {
-    /// Seconds of the most recent decode passes by their rows − 1 (taking their logits included, drafting
-    /// not); empty until measured. The first pass of each row count is not counted: it warms caches and
-    /// allocates buffers, and can take several times as long.
-    pass: Vec<VecDeque<f64>>,
+    /// The most recent decode passes by their rows − 1; empty until measured. The first pass of each row
+    /// count is not counted: it warms caches and allocates buffers, and can take several times as long.
+    pass: Vec<VecDeque<PassCost>>,
     warmed: Vec<bool>,
     /// Running average of the seconds the drafter spends per guess.
     guess: f64,
@@ -56,24 +80,40 @@ impl CostModel {
         }
     }
 
-    /// Guesses to check in the next pass, at most `room`. A row count not measured yet is estimated by
-    /// extending the measured ones in a straight line (at no extra cost beyond the largest measured until a
-    /// second is known), and tried only one row beyond the largest measured: growing k costs one probe a row.
+    /// Guesses to check in the next pass, at most `room`: the k whose predicted pass cost (plus drafting)
+    /// buys the most expected tokens per second, against a plain pass predicted from as many latest passes.
     pub fn choose(&mut self, room: usize) -> usize {
-        let Some(plain) = self.cost(0).filter(|_| self.pass[0].len() >= PLAIN_FIRST) else {
+        if self.pass[0].len() < PLAIN_FIRST || room == 0 || self.accept.is_empty() {
             return 0;
-        };
-        let measured = (0..self.pass.len())
-            .rfind(|&r| !self.pass[r].is_empty())
-            .unwrap_or(0);
-        let (mut best, mut best_rate) = (0, 1.0 / plain);
-        for k in 1..=room.min(measured + 1).min(self.accept.len()) {
-            let rate = self.expected_tokens(k) / (self.estimate(k + 1) + k as f64 * self.guess);
-            if rate > best_rate {
-                (best, best_rate) = (k, rate);
+        }
+        if self.pass[1].is_empty() {
+            // Two points make a line: one guess until a pass of two rows is measured (its first only warms
+            // up) tells how much of a pass its rows share.
+            return 1;
+        }
+        let (mut best, mut best_gain) = (0, 1.0);
+        for k in 1..=room.min(self.accept.len()) {
+            let n = self.samples(k + 2);
+            let per_token =
+                (self.estimate(k + 1, n) + k as f64 * self.guess) / self.expected_tokens(k);
+            let gain = self.estimate(1, n) / per_token;
+            if gain > best_gain {
+                (best, best_gain) = (k, gain);
             }
         }
         self.probe(best, room.min(self.accept.len()))
+    }
+
+    /// Latest passes per row count that estimates up to `rows` rows compare: the fewest any measured row count
+    /// up to there has, so that a row count measured once is not set against the best of many plain passes.
+    fn samples(&self, rows: usize) -> usize {
+        self.pass
+            .iter()
+            .take(rows)
+            .map(VecDeque::len)
+            .filter(|&len| len > 0)
+            .min()
+            .unwrap_or(0)
     }
 
     /// `best`, or — every so often — a neighbour of it up to `most`.
@@ -92,7 +132,9 @@ impl CostModel {
             return best;
         }
         self.since_probe = 0;
-        if best == 0 {
+        // Backing off only once a pass of two rows has been measured a few times: one noisy pass must not
+        // keep guessing off for hundreds of steps.
+        if best == 0 && self.pass[1].len() >= PLAIN_FIRST {
             self.plain_probe_every = (2 * every).min(PROBE_EVERY_MOST);
         }
         self.probe_up = !self.probe_up;
@@ -103,8 +145,8 @@ impl CostModel {
         }
     }
 
-    /// A decode pass over `rows` rows took `secs`.
-    pub fn passed(&mut self, rows: usize, secs: f64) {
+    /// A decode pass over `rows` rows cost `cost`.
+    pub fn passed(&mut self, rows: usize, cost: PassCost) {
         let at = rows - 1;
         if at >= self.pass.len() || !std::mem::replace(&mut self.warmed[at], true) {
             return;
@@ -113,12 +155,7 @@ impl CostModel {
         if recent.len() == RECENT {
             recent.pop_front();
         }
-        recent.push_back(secs);
-    }
-
-    /// The fastest of the recent passes with `at` + 1 rows.
-    fn cost(&self, at: usize) -> Option<f64> {
-        self.pass[at].iter().copied().min_by(f64::total_cmp)
+        recent.push_back(cost);
     }
 
     /// The drafter took `secs` to make `guesses` guesses.
@@ -148,23 +185,62 @@ impl CostModel {
         tokens
     }
 
-    /// Seconds of a pass over `rows` rows: measured, or on the line through the nearest measured row counts.
-    fn estimate(&self, rows: usize) -> f64 {
+    /// Predicted seconds of a pass over `rows` rows (a plain pass measured):
+    /// spine wait + one row's expert wait × union(rows) + work(rows).
+    fn estimate(&self, rows: usize, n: usize) -> f64 {
+        let spine = median(self.pass[0].iter().map(|p| p.spine_wait));
+        let expert_wait = median(self.pass[0].iter().map(|p| p.expert_wait));
+        spine + expert_wait * self.union(rows) + self.work(rows, spine, n)
+    }
+
+    /// Expert bytes `rows` rows read relative to one row's: 1 + u·(rows − 1), with u measured on passes of
+    /// several rows (0: they share every expert, 1: none) — until then 1, random routing, nothing shared.
+    fn union(&self, rows: usize) -> f64 {
+        let one = median(self.pass[0].iter().map(|p| p.expert_bytes));
+        let growth = self.pass[1..].iter().enumerate().flat_map(|(at, recent)| {
+            recent
+                .iter()
+                .map(move |p| (p.expert_bytes / one - 1.0) / (at + 1) as f64)
+        });
+        let u = Some(median(growth)).filter(|u| one > 0.0 && !u.is_nan());
+        1.0 + u.unwrap_or(1.0).clamp(0.0, 1.0) * (rows - 1) as f64
+    }
+
+    /// Work (what is not read wait: compute, overheads) of a pass over `rows` rows, from each measured row
+    /// count's median over its `n` latest passes: a measured count's own, between two on the line
+    /// joining them, beyond the largest on the line through the two largest (never falling) — with only plain
+    /// passes measured, every row costs a plain pass's work (nothing shared until seen).
+    fn work(&self, rows: usize, spine: f64, n: usize) -> f64 {
+        let measured = |at: usize| {
+            let latest = self.pass[at].iter().rev().take(n);
+            Some(((at + 1) as f64, median(latest.map(|p| p.work(spine)))))
+                .filter(|_| !self.pass[at].is_empty())
+        };
         let at = rows - 1;
-        if let Some(secs) = self.cost(at) {
-            return secs;
+        if let Some((_, w)) = measured(at) {
+            return w;
         }
-        let measured = |r: &usize| self.cost(*r).map(|s| (*r as f64, s));
-        let below: Vec<(f64, f64)> = (0..at).rev().filter_map(|r| measured(&r)).take(2).collect();
-        let above = (at + 1..self.pass.len()).find_map(|r| measured(&r));
+        let below: Vec<(f64, f64)> = (0..at).rev().filter_map(measured).take(2).collect();
+        let above = (at + 1..self.pass.len()).find_map(measured);
         let (lo, hi) = match (below.as_slice(), above) {
             ([lo, ..], Some(hi)) => (*lo, hi),
             ([hi, lo], None) => (*lo, *hi),
-            ([only], None) => return only.1,
+            ([only], None) => return only.1 * rows as f64 / only.0,
             _ => unreachable!("a plain pass is measured before any guess"),
         };
         let slope = ((hi.1 - lo.1) / (hi.0 - lo.0)).max(0.0);
-        lo.1 + slope * (at as f64 - lo.0)
+        (lo.1 + slope * (rows as f64 - lo.0)).max(0.0)
+    }
+}
+
+/// The median of `values` (NaN when there are none).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -172,19 +248,44 @@ impl CostModel {
 mod tests {
     use super::*;
 
-    /// A model whose passes of each row count took `secs` (index: rows − 1), enough times to be trusted.
+    /// A pass of `secs`, of which `spine` and `expert` waited on reads of `bytes` expert bytes.
+    fn cost(secs: f64, spine: f64, expert: f64, bytes: f64) -> PassCost {
+        PassCost {
+            secs,
+            spine_wait: spine,
+            expert_wait: expert,
+            expert_bytes: bytes,
+        }
+    }
+
+    /// Only compute: each row count's passes took `secs[rows − 1]`, enough times to be trusted (0: not run).
     fn measured(max: usize, secs: &[f64]) -> CostModel {
         let mut m = CostModel::new(max);
-        for (at, &s) in secs.iter().enumerate() {
+        for (at, &s) in secs.iter().enumerate().filter(|(_, &s)| s > 0.0) {
             for _ in 0..=PLAIN_FIRST {
-                m.passed(at + 1, s);
+                m.passed(at + 1, cost(s, 0.0, 0.0, 0.0));
             }
         }
         m
     }
 
+    /// Plain passes of `plain` only, enough to guess.
+    fn plain_only(max: usize, plain: PassCost) -> CostModel {
+        let mut m = CostModel::new(max);
+        for _ in 0..=PLAIN_FIRST {
+            m.passed(1, plain);
+        }
+        m
+    }
+
+    fn always_taken(m: &mut CostModel, k: usize) {
+        for _ in 0..50 {
+            m.compared(k, k);
+        }
+    }
+
     #[test]
-    fn measures_plain_steps_first_then_grows_one_row_at_a_time() {
+    fn measures_plain_steps_first() {
         let mut m = CostModel::new(4);
         for _ in 0..PLAIN_FIRST {
             assert_eq!(
@@ -192,33 +293,120 @@ mod tests {
                 0,
                 "plain steps until the baseline is measured"
             );
-            m.passed(1, 1.0);
+            m.passed(1, cost(1.0, 0.9, 0.0, 0.0));
         }
         assert_eq!(m.choose(10), 0, "the first pass only warmed up");
-        m.passed(1, 1.0);
-        assert_eq!(m.choose(10), 1, "a second row looks free until measured");
-        m.passed(2, 5.0);
-        assert_eq!(m.choose(10), 1, "a first pass of two rows does not count");
-        m.passed(2, 1.0);
-        m.compared(1, 1);
-        assert_eq!(m.choose(10), 2);
-        assert_eq!(m.choose(1), 1, "never more than the room left");
+        m.passed(1, cost(1.0, 0.9, 0.0, 0.0));
+        assert!(
+            m.choose(10) > 0,
+            "a streamed spine: guessing is predicted to pay"
+        );
+        assert_eq!(m.choose(0), 0, "never more than the room left");
+        assert_eq!(
+            measured(0, &[1.0]).choose(10),
+            0,
+            "nor than the most guesses"
+        );
+    }
+
+    /// Experts streamed cold with random routing: a pass of r rows reads r rows' experts and computes r rows,
+    /// so it costs r plain passes. Even a drafter always right cannot pay for its own time: no guess beyond
+    /// the pass of two rows that measures it.
+    #[test]
+    fn rows_that_cost_a_pass_each_are_not_guessed() {
+        let mut m = plain_only(4, cost(1.0, 0.0, 0.6, 100.0));
+        always_taken(&mut m, 4);
+        m.guessed(1, 0.01);
+        let three = m.estimate(3, 1);
+        assert!(
+            (three - 3.0).abs() < 1e-9,
+            "r rows' experts and compute: r passes, not {three}"
+        );
+        for _ in 0..=PLAIN_FIRST {
+            m.passed(2, cost(2.0, 0.0, 1.2, 200.0));
+        }
+        assert_eq!(m.choose(10), 0);
+        // How the union grows is measured from the bytes: the routing trace, 3 rows reading 0.88 × 3
+        // rows' experts.
+        for _ in 0..RECENT {
+            m.passed(3, cost(0.6 * 2.64 + 1.2, 0.0, 0.6 * 2.64, 264.0));
+        }
+        assert!((m.union(3) - 2.64).abs() < 1e-9, "{}", m.union(3));
+    }
+
+    /// The spine streamed: one read serves every row, and a row's compute is a fraction of the pass.
+    fn spine_streamed() -> CostModel {
+        let mut m = plain_only(4, cost(1.0, 0.9, 0.0, 0.0));
+        for _ in 0..2 {
+            m.passed(2, cost(1.1, 0.9, 0.0, 0.0));
+        }
+        m
+    }
+
+    /// Measured for one and two rows, guessing is predicted to pay for as many guesses as the drafter earns.
+    #[test]
+    fn rows_that_are_nearly_free_are_guessed_beyond_the_measured() {
+        let mut m = spine_streamed();
+        assert!(
+            (m.estimate(5, 1) - 1.4).abs() < 1e-9,
+            "{}",
+            m.estimate(5, 1)
+        );
+        always_taken(&mut m, 4);
+        m.guessed(1, 0.01);
+        assert_eq!(m.choose(10), 4);
+        assert_eq!(m.choose(2), 2);
+    }
+
+    #[test]
+    fn adapts_when_acceptance_drops_and_recovers() {
+        let mut m = spine_streamed();
+        always_taken(&mut m, 4);
+        assert_eq!(m.choose(10), 4);
+        // The text stops repeating: guesses are refused at the first position.
+        for _ in 0..100 {
+            m.compared(1, 0);
+        }
+        assert_eq!(m.choose(10), 0);
+        // It repeats again: the probes of one guess see it taken, and guessing resumes.
+        let resumed = (0..20 * PROBE_EVERY).find(|_| {
+            let k = m.choose(10);
+            if k > 0 {
+                m.compared(k, k);
+            }
+            k > 1
+        });
+        assert!(resumed.is_some());
+    }
+
+    /// A machine that got busy: plain passes took 0.5 s, now 1.0 s, and the one pass of two rows measured
+    /// since took 1.1 s. Set against the same number of latest plain passes, two rows cost about one.
+    #[test]
+    fn row_counts_are_compared_over_as_many_latest_passes() {
+        let mut m = plain_only(1, cost(0.5, 0.0, 0.0, 0.0));
+        for _ in 0..RECENT {
+            m.passed(1, cost(0.5, 0.0, 0.0, 0.0));
+        }
+        m.passed(1, cost(1.0, 0.0, 0.0, 0.0));
+        m.passed(2, cost(5.0, 0.0, 0.0, 0.0));
+        m.passed(2, cost(1.1, 0.0, 0.0, 0.0));
+        always_taken(&mut m, 1);
+        assert_eq!(m.samples(3), 1);
+        assert_eq!(m.estimate(1, 1), 1.0);
+        assert_eq!(m.choose(10), 1);
     }
 
     #[test]
     fn a_spike_is_not_the_cost() {
         let mut m = measured(1, &[1.0, 1.0]);
-        m.passed(2, 50.0);
-        assert_eq!(m.estimate(2), 1.0);
+        m.passed(2, cost(50.0, 0.0, 0.0, 0.0));
+        assert_eq!(m.estimate(2, m.samples(2)), 1.0);
     }
 
     #[test]
-    fn stops_guessing_when_rows_cost_as_much_as_passes() {
+    fn plain_probes_back_off_while_guessing_does_not_pay() {
         let mut m = measured(4, &[1.0, 2.0]);
-        for _ in 0..20 {
-            m.compared(1, 1);
-        }
-        // Even always taken, 2 tokens for 2 seconds is no better than plain; any drafting cost makes it worse.
+        always_taken(&mut m, 1);
         m.guessed(1, 0.1);
         assert_eq!(m.choose(10), 0);
         // Until the probe after PROBE_EVERY plain steps; the next comes after twice as many.
@@ -226,6 +414,14 @@ mod tests {
         assert_eq!(first, Some(PROBE_EVERY));
         let next = (1..).find(|_| m.choose(10) == 1);
         assert_eq!(next, Some(2 * PROBE_EVERY));
+        // Not before a pass of two rows is measured a few times.
+        let mut m = measured(4, &[1.0]);
+        m.passed(2, cost(2.0, 0.0, 0.0, 0.0));
+        m.passed(2, cost(2.0, 0.0, 0.0, 0.0));
+        always_taken(&mut m, 1);
+        for _ in 0..3 {
+            assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY));
+        }
     }
 
     #[test]
@@ -245,28 +441,22 @@ mod tests {
     }
 
     #[test]
-    fn cheap_rows_and_good_guesses_pay_for_more_guesses() {
-        let mut m = measured(4, &[1.0, 1.1, 1.2]);
-        for _ in 0..50 {
-            m.compared(2, 2);
-        }
-        assert_eq!(m.choose(10), 3, "one row beyond the measured is tried");
-        // A drafter that is always wrong: back to plain steps.
-        for _ in 0..100 {
-            m.compared(1, 0);
-        }
-        assert_eq!(m.choose(10), 0);
-    }
-
-    #[test]
-    fn unmeasured_rows_lie_on_the_line_through_the_measured() {
-        let mut m = measured(6, &[1.0, 0.0, 2.0, 0.0, 0.0, 5.0]);
-        for at in [1, 3, 4] {
-            m.pass[at].clear();
-        }
-        assert_eq!(m.estimate(2), 1.5);
-        assert_eq!(m.estimate(4), 3.0);
-        m.pass[5].clear();
-        assert_eq!(m.estimate(5), 3.0, "extended from the two largest measured");
+    fn work_of_unmeasured_rows_lies_on_the_line_through_the_measured() {
+        let m = measured(6, &[1.0, 0.0, 2.0, 0.0, 0.0, 5.0]);
+        let n = m.samples(7);
+        assert_eq!(m.estimate(2, n), 1.5);
+        assert_eq!(m.estimate(4, n), 3.0);
+        let m = measured(6, &[1.0, 0.0, 2.0, 0.0, 0.0, 0.0]);
+        assert_eq!(
+            m.estimate(5, n),
+            3.0,
+            "extended from the two largest measured"
+        );
+        let m = measured(6, &[1.0]);
+        assert_eq!(
+            m.estimate(5, n),
+            5.0,
+            "with plain passes only, each row costs one"
+        );
     }
 }

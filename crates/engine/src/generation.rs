@@ -331,7 +331,7 @@ impl<B: Backend> Generation<B> {
     ) -> Result<Option<Planned<B::Session>>> {
         let room = self.max_new.saturating_sub(self.tokens.len() + 1);
         let guesses = if self.finish.is_none() && self.last.is_some() {
-            draft.choose(room)
+            draft.choose(model, room)
         } else {
             0
         };
@@ -387,13 +387,13 @@ impl<B: Backend> Generation<B> {
             }
             Kind::Token => {
                 self.apply(planned, logits, vocab);
-                draft.passed(1, t0);
+                draft.passed(model, 1, t0);
                 return Ok(None);
             }
             Kind::Rerun { checked } => {
                 self.last = Some(logits);
                 self.checked(&planned.tokens, t0);
-                draft.passed(checked, t0);
+                draft.passed(model, checked, t0);
                 return Ok(None);
             }
             Kind::Check(before) => before,
@@ -441,7 +441,7 @@ impl<B: Backend> Generation<B> {
                 }
                 self.last = Some(row(fed.len() - 1).to_vec());
                 self.checked(&fed, t0);
-                draft.passed(tokens.len(), t0);
+                draft.passed(model, tokens.len(), t0);
                 Ok(None)
             }
         }

@@ -4,7 +4,7 @@
 //! of the target and keeps what the target itself would have chosen. A drafting model is any [`Backend`], not
 //! necessarily the target's.
 
-use crate::cost_model::CostModel;
+use crate::cost_model::{CostModel, PassCost};
 use crate::ngram;
 use crate::sampler::argmax;
 use anyhow::{bail, Context, Result};
@@ -98,6 +98,8 @@ pub struct Draft<D: Backend> {
     pub drafting_secs: f64,
     /// Guesses the last step chose to check.
     last_choice: usize,
+    /// The target's read counters when the current decode step began.
+    start: Reads,
     pub stats: Stats,
 }
 
@@ -133,6 +135,7 @@ impl<D: Backend> Draft<D> {
             drafting: 0.0,
             drafting_secs: 0.0,
             last_choice: 0,
+            start: Reads::default(),
             stats: Stats::default(),
         })
     }
@@ -144,8 +147,10 @@ impl<D: Backend> Draft<D> {
         self
     }
 
-    /// Guesses the next pass should check, at most `room`: as many as the cost model expects to pay.
-    pub(crate) fn choose(&mut self, room: usize) -> usize {
+    /// Guesses the next pass of `target` should check, at most `room`: as many as the cost model expects to
+    /// pay.
+    pub(crate) fn choose(&mut self, target: &impl Backend, room: usize) -> usize {
+        self.start = Reads::of(target);
         self.last_choice = if self.fixed {
             self.k.min(room)
         } else {
@@ -209,11 +214,39 @@ impl<D: Backend> Draft<D> {
         self.cost.compared(compared, taken);
     }
 
-    /// A decode step whose pass had `rows` rows ends, `since` its start (drafting excluded).
-    pub(crate) fn passed(&mut self, rows: usize, since: Instant) {
+    /// A decode step of `target` whose pass had `rows` rows ends, `since` its start (drafting excluded).
+    pub(crate) fn passed(&mut self, target: &impl Backend, rows: usize, since: Instant) {
         let secs = since.elapsed().as_secs_f64() - std::mem::take(&mut self.drafting);
-        self.cost.passed(rows, secs.max(0.0));
+        let reads = Reads::of(target);
+        self.cost.passed(
+            rows,
+            PassCost {
+                secs: secs.max(0.0),
+                spine_wait: reads.spine_wait - self.start.spine_wait,
+                expert_wait: reads.expert_wait - self.start.expert_wait,
+                expert_bytes: reads.expert_bytes.saturating_sub(self.start.expert_bytes) as f64,
+            },
+        );
         self.chosen[rows - 1] += 1;
+    }
+}
+
+/// A backend's read counters: what its passes have waited on reads so far, and the expert bytes read.
+#[derive(Default)]
+struct Reads {
+    spine_wait: f64,
+    expert_wait: f64,
+    expert_bytes: u64,
+}
+
+impl Reads {
+    fn of(model: &impl Backend) -> Reads {
+        let store = model.store().snapshot();
+        Reads {
+            spine_wait: model.spine_wait_secs(),
+            expert_wait: store.wait_secs,
+            expert_bytes: store.demand_bytes,
+        }
     }
 }
 

@@ -92,6 +92,12 @@ pub trait Backend: Send + Sync {
         anyhow::bail!("internal: this backend does not roll back; fork before the pass instead")
     }
 
+    /// Seconds passes have waited so far for spine layers read from disk on every pass (0 where the spine is
+    /// resident): with the store's wait for routed experts, what a pass spends on reads rather than compute.
+    fn spine_wait_secs(&self) -> f64 {
+        0.0
+    }
+
     /// Tokens `session` has consumed.
     fn position(&self, session: &Self::Session) -> usize;
 

@@ -111,6 +111,11 @@ impl Model {
         self.layers.streamed()
     }
 
+    /// Seconds passes have waited so far for streamed spine layers to be read.
+    pub fn spine_wait_secs(&self) -> f64 {
+        self.layers.waited_secs()
+    }
+
     /// One pass over the batch's rows (each session's tokens in turn): every row is computed on its own but in
     /// attention, which reads its own session's state.
     pub(crate) fn forward(

@@ -131,6 +131,10 @@ impl Backend for Model {
         session.rollback(rows)
     }
 
+    fn spine_wait_secs(&self) -> f64 {
+        Model::spine_wait_secs(self)
+    }
+
     fn position(&self, session: &Session) -> usize {
         session.pos
     }

@@ -3,8 +3,10 @@
 //! streamed layer once for all its rows.
 
 use anyhow::{anyhow, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 type LoadFn<L> = Arc<dyn Fn(usize) -> Result<L> + Send + Sync>;
 
@@ -12,6 +14,9 @@ pub struct Spine<L> {
     /// `Some` for resident layers.
     held: Vec<Option<Arc<L>>>,
     load: LoadFn<L>,
+    /// Nanoseconds walks have waited for a streamed layer to arrive: what streaming costs a pass beyond its
+    /// compute (speculation's cost model reads it).
+    waited_ns: AtomicU64,
 }
 
 impl<L: Send + Sync + 'static> Spine<L> {
@@ -28,7 +33,11 @@ impl<L: Send + Sync + 'static> Spine<L> {
                 }
             })
             .collect::<Result<_>>()?;
-        Ok(Spine { held, load })
+        Ok(Spine {
+            held,
+            load,
+            waited_ns: AtomicU64::new(0),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -43,6 +52,11 @@ impl<L: Send + Sync + 'static> Spine<L> {
         self.held.iter().filter(|h| h.is_none()).count()
     }
 
+    /// Seconds walks have waited so far for streamed layers to be read.
+    pub fn waited_secs(&self) -> f64 {
+        self.waited_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
     /// Visits the layers in order with `(index, layer, next layer if resident)`.
     pub fn walk(&self, mut visit: impl FnMut(usize, &L, Option<&L>) -> Result<()>) -> Result<()> {
         let mut ahead = self.spawn_from(0);
@@ -54,9 +68,12 @@ impl<L: Send + Sync + 'static> Spine<L> {
                         .take()
                         .expect("a streamed layer is always loading ahead");
                     debug_assert_eq!(i, l);
+                    let t0 = Instant::now();
                     let loaded = handle
                         .join()
                         .map_err(|_| anyhow!("the loader of layer {l} panicked"))??;
+                    self.waited_ns
+                        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     ahead = self.spawn_from(l + 1);
                     Arc::new(loaded)
                 }

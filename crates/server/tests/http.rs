@@ -316,6 +316,10 @@ fn a_drafter_changes_no_reply_and_is_counted() {
         json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 20,
                "temperature": 1.0, "seed": 99, "logprobs": 2}),
         chat_body(json!({"max_tokens": 12, "temperature": 0.7, "seed": 5})),
+        // Streamed: every chunk's choices (the text or delta, logprobs, finish reason) in order.
+        json!({"model": MODEL, "prompt": "Drives stream weights while", "max_tokens": 16,
+               "temperature": 0, "logprobs": 2, "stream": true}),
+        chat_body(json!({"max_tokens": 16, "temperature": 0.8, "seed": 7, "stream": true})),
     ];
     let replies = |cfg: deltafin_server::ServerConfig| {
         let s = start(cfg);
@@ -327,9 +331,21 @@ fn a_drafter_changes_no_reply_and_is_counted() {
                 } else {
                     "/v1/completions"
                 };
-                let r = post(s.addr, path, b);
-                assert_eq!(r.status, 200, "{}", r.body);
-                r.json()["choices"][0].clone()
+                if b["stream"] != json!(true) {
+                    let r = post(s.addr, path, b);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    return r.json()["choices"][0].clone();
+                }
+                let mut st = Stream::open(s.addr, path, b);
+                assert_eq!(st.status, 200);
+                let payloads = st.rest();
+                assert_eq!(payloads.last().map(String::as_str), Some("[DONE]"));
+                let chunks = &payloads[..payloads.len() - 1];
+                assert!(chunks.len() > 2, "streamed token by token");
+                chunks
+                    .iter()
+                    .map(|p| serde_json::from_str::<Value>(p).unwrap()["choices"].clone())
+                    .collect()
             })
             .collect();
         (out, get(s.addr, "/metrics").body)
