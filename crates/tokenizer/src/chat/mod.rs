@@ -29,6 +29,7 @@
 
 pub mod harmony;
 mod reply;
+mod scan;
 mod template;
 #[cfg(test)]
 mod tests;
