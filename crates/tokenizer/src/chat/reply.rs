@@ -42,6 +42,7 @@ const MESSAGE_CLOSE_START: &str = "<|close|>message<|sep|>";
 /// block becomes one [`ReplyEvent::ToolCall`]; `<|close|>message<|sep|>` or `<|end_of_msg|>` ends the
 /// reply and everything after it is ignored. Text that only looks like a marker once decoded (a user
 /// could make the model write "<|close|>think<|sep|>" as plain text) is indistinguishable here.
+#[derive(Clone)]
 pub struct ReplyParser {
     state: State,
     pending: String,

@@ -40,6 +40,7 @@ enum State {
 /// starts at `<|start|>`; `<|call|>` and `<|return|>` end the completion, as generation stops there.
 /// Text that only looks like a marker once decoded is indistinguishable here, as for
 /// [`crate::chat::ReplyParser`].
+#[derive(Clone)]
 pub struct HarmonyParser {
     state: State,
     pending: String,
@@ -70,6 +71,14 @@ impl HarmonyParser {
     /// The messages completed so far.
     pub fn messages(&self) -> &[ParsedMessage] {
         &self.messages
+    }
+
+    /// Whether the completion is inside an `analysis` message's content (what is pushed next is
+    /// reasoning unless it ends the message).
+    pub fn in_reasoning(&self) -> bool {
+        self.state == State::Content
+            && self.message.recipient.is_none()
+            && self.message.channel.as_deref() == Some("analysis")
     }
 
     /// Feeds the next piece of completion text; returns what is now known to be reasoning, content or a
