@@ -36,7 +36,8 @@ mod template;
 mod tests;
 
 pub use format::{ChatFormat, ChatParser, HARMONY_MARKUP, K3_MARKUP};
-pub use reply::{parse_reply, Reply, ReplyEvent, ReplyParser};
+pub use reply::{parse_reply, Reply, ReplyParser};
+pub use scan::ReplyEvent;
 pub use template::ChatTemplate;
 
 use crate::Piece;

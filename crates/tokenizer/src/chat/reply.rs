@@ -1,21 +1,10 @@
 //! Splitting a K3 reply into reasoning, content and tool calls as its text streams in.
 
-use super::scan::{push_text, scan, Markers};
+use super::scan::{push_text, scan, Markers, ReplyEvent};
 use super::{
     unescape_attribute, ToolCall, K3_END_OF_MSG, K3_RESPONSE_CLOSE, K3_RESPONSE_OPEN, K3_SEP,
     K3_THINK_CLOSE, K3_THINK_OPEN, K3_TOOL_CALL_CLOSE, K3_TOOL_CALL_OPEN,
 };
-
-/// What a piece of reply text turned out to be.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReplyEvent {
-    /// Thinking: text before the think-close marker.
-    Reasoning(String),
-    /// The answer.
-    Content(String),
-    /// A complete tool-call block.
-    ToolCall(ToolCall),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {

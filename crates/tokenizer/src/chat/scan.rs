@@ -1,8 +1,19 @@
 //! The marker scanner both reply parsers (K3's and harmony's) run on: find the earliest complete marker
 //! of those the parser's state knows, and hold back a suffix that may still become one, so that a reply
-//! streamed in pieces of any size parses as it does whole.
+//! streamed in pieces of any size parses as it does whole. Both parsers give [`ReplyEvent`]s.
 
-use super::ReplyEvent;
+use super::ToolCall;
+
+/// What a piece of reply text turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplyEvent {
+    /// Thinking: K3's think block, harmony's `analysis` channel.
+    Reasoning(String),
+    /// The answer.
+    Content(String),
+    /// A complete tool call.
+    ToolCall(ToolCall),
+}
 
 /// A reply parser as a state machine over markers; [`scan`] drives it.
 pub(super) trait Markers {
