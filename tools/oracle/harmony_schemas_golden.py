@@ -67,8 +67,10 @@ def conversations(oh):
     return [("schemas", C(tools)), ("builtin_tools", C(builtin))]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def write_golden(doc, file_name, generator, key, entries):
+    """Loads openai-harmony's gpt-oss encoding on the committed ranks (--fixture) and writes FILE_NAME there:
+    the generator, openai-harmony's version and KEY: entries(oh, enc). Shared with harmony_chat_golden.py."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fixture", default="tests/fixtures/o200k_harmony")
     args = ap.parse_args()
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = os.path.abspath(args.fixture)
@@ -76,18 +78,25 @@ def main():
     from importlib.metadata import version
 
     enc = oh.load_harmony_encoding(oh.HarmonyEncodingName.HARMONY_GPT_OSS)
-    renders = []
-    for name, conv in conversations(oh):
-        ids = enc.render_conversation_for_completion(conv, oh.Role.ASSISTANT)
-        renders.append({"name": name, "mode": "completion", "next_role": "assistant",
-                        "conversation": json.loads(conv.to_json()), "ids": ids, "text": enc.decode_utf8(ids)})
-    out = {"generator": "tools/oracle/harmony_schemas_golden.py", "openai_harmony": version("openai-harmony"),
-           "renders": renders}
-    path = os.path.join(args.fixture, "harmony_schemas.json")
+    out = {"generator": generator, "openai_harmony": version("openai-harmony"), key: entries(oh, enc)}
+    path = os.path.join(args.fixture, file_name)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")
     print(f"{path}: {os.path.getsize(path)} bytes\nOK")
+
+
+def renders(oh, enc):
+    out = []
+    for name, conv in conversations(oh):
+        ids = enc.render_conversation_for_completion(conv, oh.Role.ASSISTANT)
+        out.append({"name": name, "mode": "completion", "next_role": "assistant",
+                    "conversation": json.loads(conv.to_json()), "ids": ids, "text": enc.decode_utf8(ids)})
+    return out
+
+
+def main():
+    write_golden(__doc__, "harmony_schemas.json", "tools/oracle/harmony_schemas_golden.py", "renders", renders)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ use deltafin_cuda::Device;
 use deltafin_engine::{generate_in, generate_speculative_in, FinishReason, Flow, Request};
 use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model, Stats};
-use deltafin_tokenizer::chat::{
-    render_k3, ChatMessage, ChatTemplate, Effort, ReplyEvent, ReplyParser, K3_END_OF_MSG,
-};
+use deltafin_tokenizer::chat::{harmony, render_k3, ChatFormat, ChatMessage, Effort, ReplyEvent};
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
@@ -27,8 +25,8 @@ pub struct ChatArgs {
     /// A system message that opens the conversation (default: none).
     #[arg(long)]
     system: Option<String>,
-    /// Thinking effort announced to K3 in a system message: low, high or max (default: none, the
-    /// model's own default).
+    /// Thinking effort: announced to K3 in a system message (low, high or max; default: none, the
+    /// model's own default), or harmony's reasoning effort (low or high; default medium).
     #[arg(long)]
     effort: Option<Effort>,
     /// Most tokens per reply.
@@ -50,60 +48,56 @@ pub struct ChatArgs {
     device: DeviceArgs,
 }
 
-/// How a checkpoint's conversations become prompts.
-pub enum ChatFormat {
-    /// K3's XTML, rendered by deltafin itself.
-    K3,
-    /// The checkpoint's own Jinja template.
-    Template(ChatTemplate),
+/// The checkpoint's chat format (the tokenizer files decide: [`ChatFormat`]), or why it cannot chat.
+pub fn chat_format(dir: &Path, tok: &Tokenizer, family: Family) -> Result<ChatFormat> {
+    match ChatFormat::from_dir(dir, tok, family == Family::KimiK3)? {
+        Some(format) => Ok(format),
+        None => bail!(
+            "{} has no chat template (chat_template.jinja or chat_template in tokenizer_config.json). Add one, or use `deltafin run` without --chat for plain completion.",
+            dir.display()
+        ),
+    }
 }
 
-impl ChatFormat {
-    pub fn for_checkpoint(dir: &Path, family: Family) -> Result<ChatFormat> {
-        if family == Family::KimiK3 {
-            return Ok(ChatFormat::K3);
-        }
-        match ChatTemplate::from_dir(dir)? {
-            Some(t) => Ok(ChatFormat::Template(t)),
-            None => bail!(
-                "{} has no chat template (chat_template.jinja or chat_template in tokenizer_config.json). Add one, or use `deltafin run` without --chat for plain completion.",
-                dir.display()
-            ),
-        }
-    }
+/// Prompt ids for `messages` followed by the assistant's turn; `effort` goes to K3's thinking-effort
+/// message or harmony's reasoning effort (a template has none).
+pub fn chat_prompt(
+    format: &ChatFormat,
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    effort: Option<Effort>,
+) -> Result<Vec<u32>> {
+    let pieces = match format {
+        ChatFormat::K3 => render_k3(messages, effort, true),
+        ChatFormat::Harmony => harmony::render_chat(messages, None, harmony_effort(effort)?)?,
+        ChatFormat::Template(t) => t.render(messages, true, None)?,
+    };
+    Ok(tok.encode_pieces(&pieces))
+}
 
-    /// Prompt ids for `messages` followed by the assistant's turn.
-    pub fn prompt(
-        &self,
-        tok: &Tokenizer,
-        messages: &[ChatMessage],
-        effort: Option<Effort>,
-    ) -> Result<Vec<u32>> {
-        let pieces = match self {
-            ChatFormat::K3 => render_k3(messages, effort, true),
-            ChatFormat::Template(t) => t.render(messages, true, None)?,
-        };
-        Ok(tok.encode_pieces(&pieces))
-    }
+fn harmony_effort(effort: Option<Effort>) -> Result<Option<harmony::ReasoningEffort>> {
+    Ok(match effort {
+        None => None,
+        Some(Effort::Low) => Some(harmony::ReasoningEffort::Low),
+        Some(Effort::High) => Some(harmony::ReasoningEffort::High),
+        Some(Effort::Max) => bail!(
+            "--effort max is K3's; harmony's reasoning efforts are low, medium (the default) and high"
+        ),
+    })
+}
 
-    /// A parser for the reply: K3 replies start inside a think block; others are all content.
-    pub fn reply_parser(&self) -> ReplyParser {
-        match self {
-            ChatFormat::K3 => ReplyParser::new(),
-            ChatFormat::Template(_) => ReplyParser::starting_in_content(),
-        }
-    }
-
-    /// Ids that end the assistant's turn.
-    pub fn stop_ids(&self, tok: &Tokenizer, model_eos: Option<u32>) -> Vec<u32> {
-        let mut ids: Vec<u32> = model_eos.into_iter().chain(tok.eos_ids()).collect();
-        if let ChatFormat::K3 = self {
-            ids.extend(tok.special_id(K3_END_OF_MSG));
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    }
+/// Ids that end the assistant's turn: the model's EOS, the checkpoint's and the format's stop tokens.
+pub fn stop_ids(format: &ChatFormat, tok: &Tokenizer, model_eos: Option<u32>) -> Vec<u32> {
+    let mut ids: Vec<u32> = model_eos.into_iter().chain(tok.eos_ids()).collect();
+    ids.extend(
+        format
+            .stop_tokens()
+            .iter()
+            .filter_map(|n| tok.special_id(n)),
+    );
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Prints reasoning and content as reply events arrive. On a terminal reasoning is dimmed; otherwise it
@@ -236,9 +230,9 @@ fn converse<B: Backend>(
     spine_per_pass: Option<u64>,
 ) -> Result<()> {
     let tok = load_tokenizer(&a.model)?;
-    let format = ChatFormat::for_checkpoint(&a.model, model.config().family)?;
+    let format = chat_format(&a.model, &tok, model.config().family)?;
     let load_secs = t_load.elapsed().as_secs_f64();
-    let stop_ids = format.stop_ids(&tok, model.config().eos_token_id);
+    let stop_ids = stop_ids(&format, &tok, model.config().eos_token_id);
     let sampling = a.sampling.params();
     // One drafter for the whole conversation: its cost model keeps what it measured from reply to reply.
     let mut draft = a.draft.load(model)?;
@@ -283,7 +277,7 @@ fn converse<B: Backend>(
             _ => {}
         }
         history.push(ChatMessage::user(text));
-        let prompt = format.prompt(&tok, &history, a.effort)?;
+        let prompt = chat_prompt(&format, &tok, &history, a.effort)?;
         let new_tokens = match prompt.strip_prefix(&session_tokens[..]) {
             Some(rest) if !rest.is_empty() => rest.to_vec(),
             _ => {

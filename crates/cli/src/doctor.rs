@@ -1,7 +1,7 @@
 //! `deltafin doctor`: what this machine offers (CPU features and the kernel path, memory, GPUs, disk read
 //! bandwidth) and whether a model directory is healthy, one line per problem.
 
-use crate::chat::ChatFormat;
+use crate::chat::chat_format;
 use anyhow::{bail, Result};
 use clap::Args;
 use deltafin_formats::config::ModelConfig;
@@ -193,11 +193,8 @@ fn check_model(dir: &Path) -> Vec<String> {
                         ));
                     }
                 }
-                match ChatFormat::for_checkpoint(dir, c.family) {
-                    Ok(ChatFormat::K3) => println!("chat: K3 XTML (built in)"),
-                    Ok(ChatFormat::Template(_)) => {
-                        println!("chat: the checkpoint's Jinja template")
-                    }
+                match chat_format(dir, &tok, c.family) {
+                    Ok(format) => println!("chat: {}", format.name()),
                     Err(e) => problems.push(format!("chat: {e:#}")),
                 }
             }

@@ -1,7 +1,7 @@
 //! `run` and `demo`: tokenize (raw or as a chat), generate with the engine on the CPU or a GPU, stream the
 //! text, and with `--stats` report where the time went.
 
-use crate::chat::{ChatFormat, ReplyPrinter};
+use crate::chat::{chat_format, chat_prompt, stop_ids, ReplyPrinter};
 use crate::device::{self, DeviceArgs};
 use crate::progress;
 use crate::GenArgs;
@@ -10,6 +10,7 @@ use deltafin_cuda::Device;
 use deltafin_engine::{generate, generate_speculative, Draft, Flow, Request};
 use deltafin_formats::npy;
 use deltafin_models::{Backend, LoadOptions, Model, Stats};
+use deltafin_tokenizer::chat::ChatFormat;
 use deltafin_tokenizer::chat::ChatMessage;
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::io::Write;
@@ -91,10 +92,13 @@ fn generate_on<B: Backend>(
     } else {
         None
     };
-    let format = if args.chat {
-        Some(ChatFormat::for_checkpoint(dir, cfg.family)?)
-    } else {
-        None
+    let format = match (args.chat, &tokenizer) {
+        (false, _) => None,
+        (true, Some(tok)) => Some(chat_format(dir, tok, cfg.family)?),
+        (true, None) => bail!(
+            "--chat needs the tokenizer files (tiktoken.model or tokenizer.json), which {} lacks",
+            dir.display()
+        ),
     };
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (Some(text), _) => {
@@ -109,7 +113,7 @@ fn generate_on<B: Backend>(
                     let mut messages: Vec<ChatMessage> =
                         args.system.iter().map(ChatMessage::system).collect();
                     messages.push(ChatMessage::user(text));
-                    f.prompt(tok, &messages, args.effort)?
+                    chat_prompt(f, tok, &messages, args.effort)?
                 }
                 None => tok.encode(text),
             }
@@ -121,7 +125,7 @@ fn generate_on<B: Backend>(
 
     let stop_ids = match (&format, &tokenizer) {
         _ if args.ignore_eos => vec![],
-        (Some(f), Some(tok)) => f.stop_ids(tok, cfg.eos_token_id),
+        (Some(f), Some(tok)) => stop_ids(f, tok, cfg.eos_token_id),
         _ => cfg.eos_token_id.into_iter().collect(),
     };
     let req = Request {

@@ -135,7 +135,8 @@ struct GenArgs {
     /// With --chat: a system message before the user message (default: none).
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    /// With --chat: thinking effort announced to K3, low, high or max (default: none).
+    /// With --chat: thinking effort announced to K3 (low, high or max), or harmony's reasoning effort (low or
+    /// high; medium without it) (default: none).
     #[arg(long, requires = "chat")]
     effort: Option<deltafin_tokenizer::chat::Effort>,
     /// Print the [stats] line (time, tokens, expert reads, cache) to stderr at the end (default: off).

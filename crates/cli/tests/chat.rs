@@ -2,9 +2,13 @@
 //! stdin, SIGINT for Ctrl-C).
 
 mod common;
+#[path = "../../tokenizer/tests/common/mod.rs"]
+mod o200k;
 use common::*;
-use deltafin_makemodel::Arch;
-use deltafin_tokenizer::chat::parse_reply;
+use deltafin_formats::npy;
+use deltafin_makemodel::{make_padded_model, Arch, Preset};
+use deltafin_tokenizer::chat::harmony::{render_chat, ReasoningEffort};
+use deltafin_tokenizer::chat::{parse_reply, ChatMessage};
 use deltafin_tokenizer::Tokenizer;
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -124,6 +128,62 @@ fn run_chat_needs_a_chat_format() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("has no chat template"), "{stderr}");
+}
+
+/// A checkpoint with gpt-oss's tokenizer (o200k_harmony; an embedding table that covers its ids) chats in
+/// harmony: `doctor` says so, `run --chat` prompts with the harmony render of the conversation (its logits
+/// are those of the rendered ids) and refuses `--effort max`, which is K3's.
+#[test]
+fn a_harmony_checkpoint_chats_in_harmony() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("model");
+    make_padded_model(Arch::KimiK3, Preset::Tiny, 0, 201_088, &dir).unwrap();
+    for k3_file in ["tiktoken.model", "tokenizer_config.json"] {
+        std::fs::remove_file(dir.join(k3_file)).unwrap();
+    }
+    o200k::write_checkpoint(&dir);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let doctor = bin()
+        .args(["doctor", "--model"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.contains("chat: harmony (built in)"), "{doctor}");
+
+    let npy_path = t.path().join("chat.npy");
+    stdout_of(
+        bin()
+            .args(["run", "--chat", "--effort", "high", "--system", "Be brief."])
+            .args(["--prompt", "Hi there", "--max-new", "3", "--ignore-eos"])
+            .arg("--dump-logits")
+            .arg(&npy_path)
+            .arg("--model")
+            .arg(&dir),
+    );
+    let messages = [
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Hi there"),
+    ];
+    let prompt = render_chat(&messages, None, Some(ReasoningEffort::High)).unwrap();
+    let want = run_dump(&dir, &tok.encode_pieces(&prompt), 3, &[]);
+    let got = npy::read(&npy_path).unwrap();
+    assert_eq!((got.rows, got.cols), (want.rows, want.cols));
+    assert!(
+        got.data == want.data,
+        "the chat prompt is not the harmony render"
+    );
+
+    let out = bin()
+        .args([
+            "run", "--chat", "--effort", "max", "--prompt", "hi", "--model",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("harmony's reasoning efforts"), "{stderr}");
 }
 
 #[test]

@@ -1,21 +1,37 @@
-//! What the OpenAI API adds to K3's chat format, which lives in [`deltafin_tokenizer::chat`] (rendering and
-//! reply parsing): OpenAI's `reasoning_effort` values, and the special ids a reply parser must see. Other
-//! families chat through their checkpoint's Jinja template, their reply all content.
+//! What the OpenAI API adds to the chat formats of [`deltafin_tokenizer::chat`] (rendering, reply parsing,
+//! [`ChatFormat`]): OpenAI's `reasoning_effort` values, and the special ids a reply parser must see.
 
 use anyhow::{Context, Result};
+use deltafin_tokenizer::chat::harmony;
 use deltafin_tokenizer::chat::{
-    render_k3, ChatMessage, ChatTemplate, Effort, ReplyParser, K3_CLOSE, K3_END_OF_MSG, K3_OPEN,
-    K3_RESPONSE_OPEN, K3_SEP, K3_THINK_CLOSE,
+    render_k3, ChatFormat, ChatMessage, ChatParser, Effort, ReplyParser, K3_RESPONSE_OPEN,
+    K3_THINK_CLOSE,
 };
 use deltafin_tokenizer::{Piece, Tokenizer};
-use std::sync::Arc;
 
-/// How a served model's chat prompts are written.
-pub enum Format {
-    /// K3's XTML (built in), with these markup tokens.
-    K3(Markup),
-    /// The checkpoint's own template.
-    Template(Arc<ChatTemplate>),
+/// How a served model chats: its format, and the markup its reply parser reads.
+pub struct Chat {
+    pub format: ChatFormat,
+    pub markup: Markup,
+}
+
+impl Chat {
+    /// Fails when the tokenizer lacks a markup token of the format (the model cannot chat).
+    pub fn new(format: ChatFormat, tok: &Tokenizer) -> Result<Chat> {
+        let ids = format
+            .markup()
+            .iter()
+            .map(|name| {
+                tok.special_id(name).with_context(|| {
+                    format!("the tokenizer has no {name} special token (needed for chat)")
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Chat {
+            format,
+            markup: Markup { ids },
+        })
+    }
 }
 
 /// OpenAI's `reasoning_effort`, as K3 understands it.
@@ -56,33 +72,34 @@ impl ReasoningEffort {
     }
 
     /// A parser for the reply to [`Self::render`]'s prompt.
-    pub fn reply_parser(self) -> ReplyParser {
-        match self {
+    pub fn reply_parser(self) -> ChatParser {
+        ChatParser::K3(match self {
             ReasoningEffort::None => ReplyParser::starting_in_content(),
             ReasoningEffort::Think(_) => ReplyParser::new(),
+        })
+    }
+
+    /// The effort in harmony's system message; `None` for `none`, which harmony has not (its models
+    /// always reason).
+    pub fn harmony(self) -> Option<harmony::ReasoningEffort> {
+        match self {
+            ReasoningEffort::None => None,
+            ReasoningEffort::Think(Some(Effort::Low)) => Some(harmony::ReasoningEffort::Low),
+            ReasoningEffort::Think(None) => Some(harmony::ReasoningEffort::Medium),
+            ReasoningEffort::Think(Some(Effort::High | Effort::Max)) => {
+                Some(harmony::ReasoningEffort::High)
+            }
         }
     }
 }
 
-/// The special tokens of K3's markup. A chat reply's other special tokens are never text.
+/// The special tokens of a chat format's markup. A chat reply's other special tokens are never text.
 #[derive(Clone)]
 pub struct Markup {
-    ids: [u32; 4],
+    ids: Vec<u32>,
 }
 
 impl Markup {
-    /// Fails when the tokenizer lacks one (the model cannot chat).
-    pub fn new(tok: &Tokenizer) -> Result<Markup> {
-        let id = |name: &str| {
-            tok.special_id(name).with_context(|| {
-                format!("the tokenizer has no {name} special token (needed for chat)")
-            })
-        };
-        Ok(Markup {
-            ids: [id(K3_OPEN)?, id(K3_CLOSE)?, id(K3_SEP)?, id(K3_END_OF_MSG)?],
-        })
-    }
-
     pub fn contains(&self, id: u32) -> bool {
         self.ids.contains(&id)
     }

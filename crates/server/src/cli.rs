@@ -6,7 +6,7 @@ use clap::Args;
 use deltafin_engine::{Draft, DraftArg, Drafter, SchedulerConfig};
 use deltafin_formats::config::Family;
 use deltafin_models::{Backend, Model};
-use deltafin_tokenizer::chat::ChatTemplate;
+use deltafin_tokenizer::chat::{ChatFormat, ChatTemplate};
 use deltafin_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,9 +77,10 @@ pub fn run<B: Backend + 'static>(
     }
     let model = Arc::new(load(&a.model)?);
     let tokenizer = Arc::new(Tokenizer::from_dir(&a.model)?);
-    let chat_template = match model.config().family {
-        Family::KimiK3 => None,
-        _ => ChatTemplate::from_dir(&a.model)?.map(Arc::new),
+    let builtin = ChatFormat::builtin(&tokenizer, model.config().family == Family::KimiK3);
+    let chat_template = match builtin {
+        Some(_) => None,
+        None => ChatTemplate::from_dir(&a.model)?.map(Arc::new),
     };
     let drafter = match &a.draft {
         Some(arg) => Some(drafter(arg, &*model, a.draft_tokens)?),

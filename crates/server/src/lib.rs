@@ -30,7 +30,7 @@ use deltafin_engine::{Scheduler, SchedulerConfig};
 use deltafin_formats::config::Family;
 use deltafin_models::Backend;
 use deltafin_store::ExpertStore;
-use deltafin_tokenizer::chat::ChatTemplate;
+use deltafin_tokenizer::chat::{ChatFormat, ChatTemplate, K3_END_OF_MSG};
 use deltafin_tokenizer::Tokenizer;
 use dialect::chat::Chat;
 use dialect::completions::Completions;
@@ -61,8 +61,9 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// After a shutdown signal, how long in-flight generations may run before they are ended with an error.
     pub shutdown_grace: Duration,
-    /// The checkpoint's Jinja chat template, through which families other than K3 chat (K3's format is
-    /// built in). Without it they serve only `/v1/completions`.
+    /// The checkpoint's Jinja chat template, through which a model chats when deltafin has no built-in
+    /// format for it (K3's and harmony's are built in: [`ChatFormat::builtin`]). Without either it serves
+    /// only `/v1/completions`.
     pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
@@ -88,10 +89,10 @@ pub(crate) struct AppState {
     /// Where routed experts are read from (its counters feed `/metrics`).
     store: Arc<ExpertStore>,
     tokenizer: Arc<Tokenizer>,
-    /// How chat prompts are written, or why this model cannot chat.
-    chat: Result<chat::Format, String>,
+    /// How chat prompts are written and replies read, or why this model cannot chat.
+    chat: Result<chat::Chat, String>,
     vocab: usize,
-    /// Tokens that end a generation: the model's EOS and `<|end_of_msg|>`.
+    /// Tokens that end a generation: the model's EOS, `<|end_of_msg|>` and the chat format's stop tokens.
     stop_ids: Vec<u32>,
     http: metrics::HttpCounters,
     next_id: AtomicU64,
@@ -108,9 +109,18 @@ pub async fn serve<B: Backend + 'static>(
     cfg: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let format = ChatFormat::builtin(&tokenizer, model.config().family == Family::KimiK3)
+        .or_else(|| cfg.chat_template.clone().map(ChatFormat::Template));
     let mut stop_ids: Vec<u32> = model.config().eos_token_id.into_iter().collect();
     stop_ids.extend(tokenizer.eos_ids());
-    stop_ids.extend(tokenizer.special_id("<|end_of_msg|>"));
+    stop_ids.extend(tokenizer.special_id(K3_END_OF_MSG));
+    if let Some(f) = &format {
+        stop_ids.extend(
+            f.stop_tokens()
+                .iter()
+                .filter_map(|n| tokenizer.special_id(n)),
+        );
+    }
     stop_ids.sort_unstable();
     stop_ids.dedup();
     let sched = Arc::new(
@@ -118,12 +128,9 @@ pub async fn serve<B: Backend + 'static>(
             .context("starting the generation worker")?,
     );
     let state = Arc::new(AppState {
-        chat: match (model.config().family, &cfg.chat_template) {
-            (Family::KimiK3, _) => chat::Markup::new(&tokenizer)
-                .map(chat::Format::K3)
-                .map_err(|e| format!("{e:#}")),
-            (_, Some(t)) => Ok(chat::Format::Template(t.clone())),
-            (_, None) => Err(
+        chat: match format {
+            Some(f) => chat::Chat::new(f, &tokenizer).map_err(|e| format!("{e:#}")),
+            None => Err(
                 "the checkpoint has no chat template (chat_template.jinja, or \
                  chat_template in tokenizer_config.json)"
                     .into(),

@@ -1,5 +1,6 @@
-//! A parsed request as the model runs it: its prompt's token ids (K3's chat format, the checkpoint's
-//! template, or a completion's text or ids) and the sink that turns each choice's tokens into messages.
+//! A parsed request as the model runs it: its prompt's token ids (the model's chat format: K3's, harmony or
+//! the checkpoint's template; or a completion's text or ids) and the sink that turns each choice's tokens
+//! into messages.
 
 use crate::api::{ChatRequest, Common, CompletionRequest, Prompt};
 use crate::chat::{self, ReasoningEffort};
@@ -7,7 +8,7 @@ use crate::error::ApiError;
 use crate::sink::{ChannelSink, Msg};
 use crate::AppState;
 use axum::http::StatusCode;
-use deltafin_tokenizer::chat::k3_tools_message;
+use deltafin_tokenizer::chat::{harmony, k3_tools_message, ChatFormat};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A request ready to queue: its prompt, what it asks of each choice, and the sink of a choice's channel.
@@ -24,19 +25,26 @@ pub struct Prepared {
 /// Makes the sink of one choice's channel.
 pub type MakeSink = Box<dyn Fn(UnboundedSender<Msg>) -> ChannelSink>;
 
-/// A chat request (any API's): its prompt, and a sink that reads K3's reasoning and tool calls (a template's
-/// reply is all content). `effort_field` names the request's thinking setting in errors.
+/// A chat request (any API's): its prompt, and a sink that reads the format's reasoning and tool calls (a
+/// template's reply is all content). `effort_field` names the request's thinking setting in errors.
 pub fn chat(s: &AppState, req: ChatRequest, effort_field: &str) -> Result<Prepared, ApiError> {
     let prompt = chat_prompt(s, &req, effort_field)?;
-    let sink: MakeSink = match chat_format(s)? {
-        chat::Format::K3(markup) => {
-            let (tok, ids, markup) = (s.tokenizer.clone(), s.stop_ids.clone(), markup.clone());
-            let (effort, tools, stop) = (req.effort, req.tools, req.common.stop.clone());
+    let chat = chat_of(s)?;
+    let parser = match &chat.format {
+        ChatFormat::K3 => Some(req.effort.reply_parser()),
+        ChatFormat::Harmony => Some(chat.format.reply_parser()),
+        ChatFormat::Template(_) => None,
+    };
+    let sink: MakeSink = match parser {
+        Some(parser) => {
+            let (tok, ids, markup) = (s.tokenizer.clone(), s.stop_ids.clone(), chat.markup.clone());
+            let (tools, stop) = (req.tools, req.common.stop.clone());
             Box::new(move |tx| {
-                ChannelSink::chat(tok.clone(), &markup, effort, &tools, &stop, ids.clone(), tx)
+                let parser = parser.clone();
+                ChannelSink::chat(tok.clone(), &markup, parser, &tools, &stop, ids.clone(), tx)
             })
         }
-        chat::Format::Template(_) => completion_sink(s, &req.common),
+        None => completion_sink(s, &req.common),
     };
     Ok(Prepared {
         prompt,
@@ -81,7 +89,7 @@ fn completion_sink(s: &AppState, c: &Common) -> MakeSink {
     Box::new(move |tx| ChannelSink::completion(tok.clone(), &stop, ids.clone(), tx))
 }
 
-fn chat_format(s: &AppState) -> Result<&chat::Format, ApiError> {
+fn chat_of(s: &AppState) -> Result<&chat::Chat, ApiError> {
     s.chat.as_ref().map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -98,16 +106,17 @@ fn check_model(s: &AppState, c: &Common) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A chat request's prompt: K3's (with the tools' system message when tools are offered), or the
-/// checkpoint template's, which refuses what only K3's format expresses rather than ignoring it.
+/// A chat request's prompt in the model's format: K3's (with the tools' system message when tools are
+/// offered), harmony's, or the checkpoint template's, which refuses what only the built-in formats express
+/// rather than ignoring it.
 pub fn chat_prompt(
     s: &AppState,
     req: &ChatRequest,
     effort_field: &str,
 ) -> Result<Vec<u32>, ApiError> {
     check_model(s, &req.common)?;
-    let template = match chat_format(s)? {
-        chat::Format::K3(_) => {
+    let template = match &chat_of(s)?.format {
+        ChatFormat::K3 => {
             let listed = req.tools.listed.as_deref().map(k3_tools_message);
             let messages: Vec<_> = listed
                 .into_iter()
@@ -119,7 +128,8 @@ pub fn chat_prompt(
             }
             return Ok(prompt);
         }
-        chat::Format::Template(template) => template,
+        ChatFormat::Harmony => return harmony_prompt(s, req, effort_field),
+        ChatFormat::Template(template) => template,
     };
     if req.prefill.is_some() {
         return Err(ApiError::invalid(
@@ -131,15 +141,15 @@ pub fn chat_prompt(
     if req.tools.listed.is_some() {
         return Err(ApiError::invalid(
             "tools",
-            "tools need K3's chat format; this model chats through its own template, whose tool calls \
-             deltafin does not read",
+            "tools need a built-in chat format (K3's or harmony); this model chats through its own template, \
+             whose tool calls deltafin does not read",
         )
         .code("unsupported_parameter"));
     }
     if req.effort != ReasoningEffort::Think(None) {
         return Err(ApiError::invalid(
             effort_field,
-            format!("{effort_field} applies to K3's thinking; this model's template has none"),
+            format!("{effort_field} applies to K3's and harmony's reasoning; this model's template has none"),
         )
         .code("unsupported_parameter"));
     }
@@ -149,5 +159,32 @@ pub fn chat_prompt(
             format!("the model's chat template refused them: {e:#}"),
         )
     })?;
+    Ok(s.tokenizer.encode_pieces(&pieces))
+}
+
+/// A chat request's prompt in harmony: the effort in the system message, the tools in the developer one.
+fn harmony_prompt(
+    s: &AppState,
+    req: &ChatRequest,
+    effort_field: &str,
+) -> Result<Vec<u32>, ApiError> {
+    if req.prefill.is_some() {
+        return Err(ApiError::invalid(
+            "messages",
+            "a final assistant turn (prefill) is not supported in the harmony format; end with a user or tool message",
+        )
+        .code("unsupported_parameter"));
+    }
+    let Some(effort) = req.effort.harmony() else {
+        return Err(ApiError::invalid(
+            effort_field,
+            format!(
+                "{effort_field} \"none\": harmony models always reason; use low, medium or high"
+            ),
+        )
+        .code("unsupported_parameter"));
+    };
+    let pieces = harmony::render_chat(&req.messages, req.tools.listed.as_deref(), Some(effort))
+        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
     Ok(s.tokenizer.encode_pieces(&pieces))
 }

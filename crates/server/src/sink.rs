@@ -4,9 +4,9 @@
 //! as cancellation, so the worker drops the job before its next pass.
 
 use crate::api::Tools;
-use crate::chat::{Markup, ReasoningEffort};
+use crate::chat::Markup;
 use deltafin_engine::{FinishReason, Finished, Flow, Sink, StopMatcher, TokenLogprob};
-use deltafin_tokenizer::chat::{ReplyEvent, ReplyParser, ToolCall};
+use deltafin_tokenizer::chat::{ChatParser, ReplyEvent, ToolCall};
 use deltafin_tokenizer::{StreamDecoder, Tokenizer};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
@@ -82,9 +82,9 @@ impl TextOut {
 }
 
 pub enum Mode {
-    /// Chat: a reply parser splits reasoning from content and tool calls (it reads K3's markup tokens;
-    /// other special tokens are dropped); logprobs cover content tokens.
-    Chat(ReplyParser, Markup, Tools),
+    /// Chat: the format's reply parser splits reasoning from content and tool calls (it reads the format's
+    /// markup tokens; other special tokens are dropped); logprobs cover content tokens.
+    Chat(Box<ChatParser>, Markup, Tools),
     /// Raw completion: every token is text but special ones.
     Completion,
 }
@@ -119,7 +119,7 @@ impl ChannelSink {
     pub fn chat(
         tokenizer: Arc<Tokenizer>,
         markup: &Markup,
-        effort: ReasoningEffort,
+        parser: ChatParser,
         tools: &Tools,
         stops: &[String],
         stop_ids: Vec<u32>,
@@ -127,7 +127,7 @@ impl ChannelSink {
     ) -> ChannelSink {
         ChannelSink::new(
             tokenizer,
-            Mode::Chat(effort.reply_parser(), markup.clone(), tools.clone()),
+            Mode::Chat(Box::new(parser), markup.clone(), tools.clone()),
             stops,
             stop_ids,
             tx,
@@ -254,7 +254,7 @@ impl Sink for ChannelSink {
         if self.stop_ids.contains(&token) {
             return Flow::Continue;
         }
-        // Special tokens are structure, not text (chat's parser reads K3's markup ones).
+        // Special tokens are structure, not text (chat's parser reads its format's markup ones).
         let dropped = self.tokenizer.special_name(token).is_some()
             && !matches!(&self.mode, Mode::Chat(_, markup, _) if markup.contains(token));
         // An id with no text (a padding row) renders as nothing; it still counts and has its logprob.
@@ -325,9 +325,15 @@ impl Sink for ChannelSink {
 }
 
 #[cfg(test)]
+#[path = "../../tokenizer/tests/common/mod.rs"]
+mod o200k;
+
+#[cfg(test)]
 mod tests {
+    use super::o200k;
     use super::*;
-    use deltafin_tokenizer::chat::{K3_MESSAGE_CLOSE, K3_RESPONSE_CLOSE};
+    use crate::chat::{Chat, ReasoningEffort};
+    use deltafin_tokenizer::chat::{ChatFormat, K3_MESSAGE_CLOSE, K3_RESPONSE_CLOSE};
     use deltafin_tokenizer::{builtin_corpus, train_bpe, write_tiktoken_files, Piece};
     use tokio::sync::mpsc::unbounded_channel;
 
@@ -351,18 +357,25 @@ mod tests {
         reply.extend(call(r#"id="c1" name="weather""#, r#"{"city":"Paris"}"#));
         reply.extend(call(r#"id="" name="time""#, "{}"));
         reply.push(Piece::Template(K3_MESSAGE_CLOSE.into()));
+        let chat = Chat::new(ChatFormat::K3, &tok).unwrap();
+        let parser = ReasoningEffort::None.reply_parser();
+        feed(tok, &chat, parser, tools, &reply, Vec::new())
+    }
+
+    /// Feeds the ids of `reply` to a chat sink; returns what reached the channel and whether the sink
+    /// stopped early.
+    fn feed(
+        tok: Arc<Tokenizer>,
+        chat: &Chat,
+        parser: ChatParser,
+        tools: Tools,
+        reply: &[Piece],
+        stop_ids: Vec<u32>,
+    ) -> (Vec<Msg>, bool) {
         let (tx, mut rx) = unbounded_channel();
-        let markup = Markup::new(&tok).unwrap();
-        let mut sink = ChannelSink::chat(
-            tok.clone(),
-            &markup,
-            ReasoningEffort::None,
-            &tools,
-            &[],
-            Vec::new(),
-            tx,
-        );
-        let ids = tok.encode_pieces(&reply);
+        let mut sink =
+            ChannelSink::chat(tok.clone(), &chat.markup, parser, &tools, &[], stop_ids, tx);
+        let ids = tok.encode_pieces(reply);
         let early = ids
             .iter()
             .any(|&id| matches!(sink.token(id, None), Flow::Stop));
@@ -446,6 +459,76 @@ mod tests {
         });
         let (content, calls, finish) = summary(&msgs);
         assert_eq!(content, "Checking.");
+        assert!(calls.is_empty());
+        assert_eq!(finish, "stop");
+    }
+
+    /// A harmony reply (o200k_harmony's ids, as a gpt-oss model writes them): analysis is reasoning, final
+    /// is content, a `commentary` message to `functions.NAME` ending at the `<|call|>` stop is a call.
+    #[test]
+    fn harmony_replies_give_reasoning_content_and_calls() {
+        let dir = tempfile::tempdir().unwrap();
+        o200k::write_checkpoint(dir.path());
+        let tok = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+        let chat = Chat::new(ChatFormat::Harmony, &tok).unwrap();
+        let stop_ids = ["<|return|>", "<|call|>"].map(|n| tok.special_id(n).unwrap());
+        let t = |s: &str| Piece::Template(s.into());
+        let x = |s: &str| Piece::Text(s.into());
+        let run = |reply: &[Piece]| {
+            let (msgs, early) = feed(
+                tok.clone(),
+                &chat,
+                chat.format.reply_parser(),
+                offered(true),
+                reply,
+                stop_ids.to_vec(),
+            );
+            assert!(!early);
+            let reasoning: String = msgs
+                .iter()
+                .map(|m| match m {
+                    Msg::Delta(d) => d.reasoning.as_str(),
+                    _ => "",
+                })
+                .collect();
+            let reasoning_tokens = msgs.iter().find_map(|m| match m {
+                Msg::Done(f) => Some(f.usage.reasoning_tokens),
+                _ => None,
+            });
+            (reasoning, reasoning_tokens.unwrap(), summary(&msgs))
+        };
+        let analysis = [
+            t("<|channel|>analysis<|message|>"),
+            x("Let me check."),
+            t("<|end|><|start|>assistant"),
+        ];
+        let mut call = analysis.to_vec();
+        call.extend([
+            t("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"),
+            x(r#"{"location":"Tokyo"}"#),
+            t("<|call|>"),
+        ]);
+        let (reasoning, reasoning_tokens, (content, calls, finish)) = run(&call);
+        assert_eq!(reasoning, "Let me check.");
+        assert!(reasoning_tokens >= 3, "{reasoning_tokens}");
+        assert_eq!(content, "");
+        let want = ToolCall {
+            id: String::new(),
+            name: "get_weather".into(),
+            arguments: r#"{"location":"Tokyo"}"#.into(),
+        };
+        assert_eq!(calls, [(0, want)]);
+        assert_eq!(finish, "tool_calls");
+
+        let mut answer = analysis.to_vec();
+        answer.extend([
+            t("<|channel|>final<|message|>"),
+            x("Sunny, 20 °C."),
+            t("<|return|>"),
+        ]);
+        let (reasoning, _, (content, calls, finish)) = run(&answer);
+        assert_eq!(reasoning, "Let me check.");
+        assert_eq!(content, "Sunny, 20 °C.");
         assert!(calls.is_empty());
         assert_eq!(finish, "stop");
     }

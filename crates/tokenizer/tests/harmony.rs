@@ -5,10 +5,10 @@ mod common;
 
 use common::{ids, read_json, tokenizer};
 use deltafin_tokenizer::chat::harmony::{
-    render_harmony, HarmonyMessage, HarmonyParser, HarmonyRole, ParsedMessage, RenderMode,
-    SystemContent, STOP, STOP_FOR_ASSISTANT,
+    render_chat, render_harmony, HarmonyMessage, HarmonyParser, HarmonyRole, Json, ParsedMessage,
+    ReasoningEffort, RenderMode, SystemContent, STOP, STOP_FOR_ASSISTANT,
 };
-use deltafin_tokenizer::chat::{pieces_text, ReplyEvent, ToolCall};
+use deltafin_tokenizer::chat::{pieces_text, ChatFormat, ChatMessage, ReplyEvent, ToolCall};
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::OnceLock;
@@ -259,4 +259,101 @@ fn preambles_are_content_and_a_cut_off_call_still_returns() {
         messages[2].content_type.as_deref(),
         Some("<|constrain|>json")
     );
+}
+
+#[derive(Deserialize)]
+struct ChatFixture {
+    cases: Vec<ChatCase>,
+}
+
+/// A chat in deltafin's form and openai-harmony's render of the conversation OpenAI's guide makes of it
+/// (tools/oracle/harmony_chat_golden.py).
+#[derive(Deserialize)]
+struct ChatCase {
+    name: String,
+    chat: Vec<ChatMessage>,
+    /// Kept in its key order (the schema's properties render in it).
+    tools: Option<Json>,
+    effort: Option<ReasoningEffort>,
+    ids: Vec<u32>,
+    text: String,
+}
+
+#[test]
+fn chats_render_as_openai_harmony_renders_their_conversations() {
+    let text = std::fs::read_to_string(common::fixtures().join("harmony_chat.json")).unwrap();
+    let cases = serde_json::from_str::<ChatFixture>(&text).unwrap().cases;
+    assert_eq!(cases.len(), 2);
+    for case in cases {
+        let tools = case.tools.map(|t| t.to_string());
+        let pieces = render_chat(&case.chat, tools.as_deref(), case.effort).unwrap();
+        assert_eq!(pieces_text(&pieces), case.text, "{}", case.name);
+        assert_eq!(
+            tokenizer().encode_pieces(&pieces),
+            case.ids,
+            "{}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn chats_harmony_cannot_express_are_errors() {
+    let mut orphan = ChatMessage::tool("call_9", "{}");
+    let err = render_chat(&[ChatMessage::user("Hi."), orphan.clone()], None, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"call_9\" answers no earlier tool call"),
+        "{err}"
+    );
+    // A result that names its tool needs no call.
+    orphan.name = Some("clock".into());
+    let text = pieces_text(&render_chat(&[orphan], None, None).unwrap());
+    assert!(
+        text.contains("<|start|>functions.clock to=assistant<|channel|>commentary"),
+        "{text}"
+    );
+    let err = render_chat(&[], Some(r#"[{"type": "web_search"}]"#), None).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("tools must be a list"),
+        "{err:#}"
+    );
+    let err = render_chat(
+        &[],
+        Some(r#"[{"type": "code", "function": {"name": "f"}}]"#),
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("tool type \"code\""), "{err}");
+}
+
+#[test]
+fn the_tokenizer_decides_the_chat_format() {
+    let is_harmony = |f: Option<ChatFormat>| matches!(f, Some(ChatFormat::Harmony));
+    // o200k_harmony's markup makes any checkpoint harmony, whatever its family.
+    assert!(is_harmony(ChatFormat::builtin(tokenizer(), false)));
+    assert!(is_harmony(ChatFormat::builtin(tokenizer(), true)));
+    let dir = tempfile::tempdir().unwrap();
+    let ranks = deltafin_tokenizer::train_bpe(deltafin_tokenizer::builtin_corpus(), 300);
+    deltafin_tokenizer::write_tiktoken_files(dir.path(), &ranks).unwrap();
+    let k3 = deltafin_tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+    assert!(matches!(
+        ChatFormat::builtin(&k3, true),
+        Some(ChatFormat::K3)
+    ));
+    assert!(ChatFormat::builtin(&k3, false).is_none());
+}
+
+#[test]
+fn the_harmony_reply_parser_is_in_reasoning_only_inside_analysis() {
+    let mut parser = ChatFormat::Harmony.reply_parser();
+    assert!(!parser.in_reasoning(), "the header is not reasoning");
+    assert_eq!(
+        parser.push("<|channel|>analysis<|message|>Hm"),
+        [ReplyEvent::Reasoning("Hm".into())]
+    );
+    assert!(parser.in_reasoning());
+    parser.push("<|end|><|start|>assistant<|channel|>final<|message|>");
+    assert!(!parser.in_reasoning());
+    assert_eq!(parser.finish("Yes."), [ReplyEvent::Content("Yes.".into())]);
 }

@@ -1,5 +1,5 @@
 //! Chat prompts and replies: K3's XTML format, gpt-oss's harmony format ([`harmony`]), other families'
-//! Jinja templates, and streaming reply parsers.
+//! Jinja templates, and streaming reply parsers; [`ChatFormat`] says which a checkpoint speaks.
 //!
 //! Rendering produces [`Piece`]s for [`crate::Tokenizer::encode_pieces`]: the format's own markup is
 //! [`Piece::Template`] (special names in it become special ids) and everything from the conversation —
@@ -27,13 +27,17 @@
 //! `<|open|>message role="assistant"<|sep|><|open|>think<|sep|>REASONING<|close|>think<|sep|>`
 //! `<|open|>response<|sep|>CONTENT<|close|>response<|sep|>[TOOL CALLS]<|close|>message<|sep|><|end_of_msg|>`.
 
+mod format;
 pub mod harmony;
 mod reply;
+mod scan;
 mod template;
 #[cfg(test)]
 mod tests;
 
-pub use reply::{parse_reply, Reply, ReplyEvent, ReplyParser};
+pub use format::{ChatFormat, ChatParser, HARMONY_MARKUP, K3_MARKUP};
+pub use reply::{parse_reply, Reply, ReplyParser};
+pub use scan::ReplyEvent;
 pub use template::ChatTemplate;
 
 use crate::Piece;

@@ -1,20 +1,10 @@
 //! Splitting a K3 reply into reasoning, content and tool calls as its text streams in.
 
+use super::scan::{push_text, scan, Markers, ReplyEvent};
 use super::{
     unescape_attribute, ToolCall, K3_END_OF_MSG, K3_RESPONSE_CLOSE, K3_RESPONSE_OPEN, K3_SEP,
     K3_THINK_CLOSE, K3_THINK_OPEN, K3_TOOL_CALL_CLOSE, K3_TOOL_CALL_OPEN,
 };
-
-/// What a piece of reply text turned out to be.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReplyEvent {
-    /// Thinking: text before the think-close marker.
-    Reasoning(String),
-    /// The answer.
-    Content(String),
-    /// A complete tool-call block.
-    ToolCall(ToolCall),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -41,6 +31,7 @@ const MESSAGE_CLOSE_START: &str = "<|close|>message<|sep|>";
 /// block becomes one [`ReplyEvent::ToolCall`]; `<|close|>message<|sep|>` or `<|end_of_msg|>` ends the
 /// reply and everything after it is ignored. Text that only looks like a marker once decoded (a user
 /// could make the model write "<|close|>think<|sep|>" as plain text) is indistinguishable here.
+#[derive(Clone)]
 pub struct ReplyParser {
     state: State,
     pending: String,
@@ -81,6 +72,37 @@ impl ReplyParser {
         }
     }
 
+    /// Feeds the next piece of reply text; returns what is now known to be reasoning, content or a tool
+    /// call (consecutive text of one kind is merged into one event).
+    pub fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
+        scan(self, text)
+    }
+
+    /// Ends the reply: feeds `text`, then releases any held text (a marker cut off by the end of the
+    /// stream is plain text) and an unfinished tool-call block (as content, verbatim).
+    pub fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
+        let mut events = self.push(text);
+        let rest = std::mem::take(&mut self.pending);
+        match self.state {
+            State::ToolHeader | State::ToolArguments => {
+                let mut raw = String::from(K3_TOOL_CALL_OPEN);
+                raw.push_str(&std::mem::take(&mut self.tool_header));
+                if self.state == State::ToolArguments {
+                    raw.push_str(K3_SEP);
+                    raw.push_str(&std::mem::take(&mut self.tool_arguments));
+                }
+                raw.push_str(&rest);
+                self.state = State::Content;
+                self.text(&raw, &mut events);
+            }
+            _ => self.text(&rest, &mut events),
+        }
+        self.state = State::Done;
+        events
+    }
+}
+
+impl Markers for ReplyParser {
     fn markers(&self) -> &'static [&'static str] {
         match self.state {
             State::Reasoning => &[
@@ -103,65 +125,11 @@ impl ReplyParser {
         }
     }
 
-    /// Feeds the next piece of reply text; returns what is now known to be reasoning, content or a tool
-    /// call (consecutive text of one kind is merged into one event).
-    pub fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
-        let mut events = Vec::new();
-        if self.state == State::Done {
-            return events;
-        }
-        self.pending.push_str(text);
-        loop {
-            let markers = self.markers();
-            let found = markers
-                .iter()
-                .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
-                .min_by_key(|&(at, m)| (at, std::cmp::Reverse(m.len())));
-            match found {
-                Some((at, marker)) => {
-                    let before: String = self.pending.drain(..at + marker.len()).collect();
-                    self.emit(&before[..at], &mut events);
-                    self.on_marker(marker, &mut events);
-                    if self.state == State::Done {
-                        self.pending.clear();
-                        break;
-                    }
-                }
-                None => {
-                    let hold = held_suffix(&self.pending, markers);
-                    let ready: String = self.pending.drain(..self.pending.len() - hold).collect();
-                    self.emit(&ready, &mut events);
-                    break;
-                }
-            }
-        }
-        events
+    fn pending(&mut self) -> &mut String {
+        &mut self.pending
     }
 
-    /// Ends the reply: feeds `text`, then releases any held text (a marker cut off by the end of the
-    /// stream is plain text) and an unfinished tool-call block (as content, verbatim).
-    pub fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
-        let mut events = self.push(text);
-        let rest = std::mem::take(&mut self.pending);
-        match self.state {
-            State::ToolHeader | State::ToolArguments => {
-                let mut raw = String::from(K3_TOOL_CALL_OPEN);
-                raw.push_str(&std::mem::take(&mut self.tool_header));
-                if self.state == State::ToolArguments {
-                    raw.push_str(K3_SEP);
-                    raw.push_str(&std::mem::take(&mut self.tool_arguments));
-                }
-                raw.push_str(&rest);
-                self.state = State::Content;
-                self.emit(&raw, &mut events);
-            }
-            _ => self.emit(&rest, &mut events),
-        }
-        self.state = State::Done;
-        events
-    }
-
-    fn emit(&mut self, text: &str, events: &mut Vec<ReplyEvent>) {
+    fn text(&mut self, text: &str, events: &mut Vec<ReplyEvent>) {
         if text.is_empty() {
             return;
         }
@@ -172,14 +140,10 @@ impl ReplyParser {
             State::ToolArguments => return self.tool_arguments.push_str(text),
             State::Done => return,
         };
-        match (events.last_mut(), event) {
-            (Some(ReplyEvent::Reasoning(a)), ReplyEvent::Reasoning(b))
-            | (Some(ReplyEvent::Content(a)), ReplyEvent::Content(b)) => a.push_str(&b),
-            (_, event) => events.push(event),
-        }
+        push_text(events, event);
     }
 
-    fn on_marker(&mut self, marker: &str, events: &mut Vec<ReplyEvent>) {
+    fn marker(&mut self, marker: &'static str, events: &mut Vec<ReplyEvent>) {
         self.state = match (self.state, marker) {
             (_, MESSAGE_CLOSE_START | K3_END_OF_MSG) => State::Done,
             (State::Reasoning, K3_THINK_CLOSE | K3_RESPONSE_OPEN) => State::Content,
@@ -198,19 +162,6 @@ impl ReplyParser {
             (state, _) => state,
         };
     }
-}
-
-/// Length of the longest suffix of `text` that is a proper prefix of one of `markers`.
-pub(super) fn held_suffix(text: &str, markers: &[&str]) -> usize {
-    let longest = markers.iter().map(|m| m.len() - 1).max().unwrap_or(0);
-    (1..=longest.min(text.len()))
-        .rev()
-        .filter(|&n| text.is_char_boundary(text.len() - n))
-        .find(|&n| {
-            let tail = &text[text.len() - n..];
-            markers.iter().any(|m| m.len() > n && m.starts_with(tail))
-        })
-        .unwrap_or(0)
 }
 
 /// The unescaped value of ` key="..."` in a tool-call header.

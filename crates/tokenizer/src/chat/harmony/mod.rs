@@ -9,9 +9,11 @@
 //! recipients, channels, instructions, tool descriptions) is [`Piece::Text`], as openai-harmony encodes it
 //! with specials disallowed.
 
+mod conversation;
 mod parser;
 mod schema;
 
+pub use conversation::{conversation, render_chat};
 pub use parser::{HarmonyParser, ParsedMessage};
 pub use schema::Json;
 

@@ -1,7 +1,7 @@
 //! Splitting a harmony completion into reasoning, content and tool calls as its text streams in.
 
 use super::{HarmonyRole, CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START};
-use crate::chat::reply::held_suffix;
+use crate::chat::scan::{push_text, scan, Markers};
 use crate::chat::{ReplyEvent, ToolCall};
 
 /// A message of the completion, as openai-harmony's parser reads it (its header fields and its text).
@@ -40,6 +40,7 @@ enum State {
 /// starts at `<|start|>`; `<|call|>` and `<|return|>` end the completion, as generation stops there.
 /// Text that only looks like a marker once decoded is indistinguishable here, as for
 /// [`crate::chat::ReplyParser`].
+#[derive(Clone)]
 pub struct HarmonyParser {
     state: State,
     pending: String,
@@ -72,6 +73,36 @@ impl HarmonyParser {
         &self.messages
     }
 
+    /// Whether the completion is inside an `analysis` message's content (what is pushed next is
+    /// reasoning unless it ends the message).
+    pub fn in_reasoning(&self) -> bool {
+        self.state == State::Content
+            && self.message.recipient.is_none()
+            && self.message.channel.as_deref() == Some("analysis")
+    }
+
+    /// Feeds the next piece of completion text; returns what is now known to be reasoning, content or a
+    /// tool call (consecutive text of one kind is merged into one event).
+    pub fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
+        scan(self, text)
+    }
+
+    /// Ends the completion (generation stopped, or ran out of tokens): feeds `text`, then ends an open
+    /// message as `<|end|>` would (a tool call whose arguments were cut off is still returned, so the
+    /// caller sees what was asked). An unfinished header is dropped.
+    pub fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
+        let mut events = self.push(text);
+        let rest = std::mem::take(&mut self.pending);
+        self.text(&rest, &mut events);
+        if self.state == State::Content {
+            self.marker(END, &mut events);
+        }
+        self.state = State::Done;
+        events
+    }
+}
+
+impl Markers for HarmonyParser {
     fn markers(&self) -> &'static [&'static str] {
         match self.state {
             State::ExpectStart => &[START],
@@ -81,57 +112,12 @@ impl HarmonyParser {
         }
     }
 
-    /// Feeds the next piece of completion text; returns what is now known to be reasoning, content or a
-    /// tool call (consecutive text of one kind is merged into one event).
-    pub fn push(&mut self, text: &str) -> Vec<ReplyEvent> {
-        let mut events = Vec::new();
-        if self.state == State::Done {
-            return events;
-        }
-        self.pending.push_str(text);
-        loop {
-            let markers = self.markers();
-            let found = markers
-                .iter()
-                .filter_map(|m| self.pending.find(m).map(|at| (at, *m)))
-                .min();
-            match found {
-                Some((at, marker)) => {
-                    let before: String = self.pending.drain(..at + marker.len()).collect();
-                    self.take(&before[..at], &mut events);
-                    self.on_marker(marker, &mut events);
-                    if self.state == State::Done {
-                        self.pending.clear();
-                        break;
-                    }
-                }
-                None => {
-                    let hold = held_suffix(&self.pending, markers);
-                    let ready: String = self.pending.drain(..self.pending.len() - hold).collect();
-                    self.take(&ready, &mut events);
-                    break;
-                }
-            }
-        }
-        events
+    fn pending(&mut self) -> &mut String {
+        &mut self.pending
     }
 
-    /// Ends the completion (generation stopped, or ran out of tokens): feeds `text`, then ends an open
-    /// message as `<|end|>` would (a tool call whose arguments were cut off is still returned, so the
-    /// caller sees what was asked). An unfinished header is dropped.
-    pub fn finish(&mut self, text: &str) -> Vec<ReplyEvent> {
-        let mut events = self.push(text);
-        let rest = std::mem::take(&mut self.pending);
-        self.take(&rest, &mut events);
-        if self.state == State::Content {
-            self.on_marker(END, &mut events);
-        }
-        self.state = State::Done;
-        events
-    }
-
-    /// Text between markers: header text, or content (streamed unless it is a tool call's arguments).
-    fn take(&mut self, text: &str, events: &mut Vec<ReplyEvent>) {
+    /// Header text, or content (streamed unless it is a tool call's arguments).
+    fn text(&mut self, text: &str, events: &mut Vec<ReplyEvent>) {
         if text.is_empty() {
             return;
         }
@@ -144,18 +130,14 @@ impl HarmonyParser {
                     (None, Some("analysis")) => ReplyEvent::Reasoning(text.to_string()),
                     (None, _) => ReplyEvent::Content(text.to_string()),
                 };
-                match (events.last_mut(), event) {
-                    (Some(ReplyEvent::Reasoning(a)), ReplyEvent::Reasoning(b))
-                    | (Some(ReplyEvent::Content(a)), ReplyEvent::Content(b)) => a.push_str(&b),
-                    (_, event) => events.push(event),
-                }
+                push_text(events, event);
             }
             // Text between messages is not part of the format; openai-harmony rejects it, a chat ignores it.
             State::ExpectStart | State::Done => {}
         }
     }
 
-    fn on_marker(&mut self, marker: &str, events: &mut Vec<ReplyEvent>) {
+    fn marker(&mut self, marker: &'static str, events: &mut Vec<ReplyEvent>) {
         self.state = match (self.state, marker) {
             (State::ExpectStart, _) => State::Header,
             (State::Header, _) => {
