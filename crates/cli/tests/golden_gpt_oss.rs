@@ -255,3 +255,78 @@ fn gpt_oss_rollback_and_fork_are_exact() {
         "a fork continues differently"
     );
 }
+
+/// `make-model --arch gpt_oss` writes the released layout: tools/oracle/released_ref.py (numpy, decoding the
+/// files itself) gives the engine's logits at every position, and `deltafin run` generates from text with
+/// the o200k_harmony tokenizer and gpt-oss's stop ids.
+#[test]
+fn made_gpt_oss_checkpoints_match_the_numpy_reference_and_run() {
+    let t = tiny(deltafin_makemodel::Arch::GptOss, 3);
+    let dir = model_dir(&t);
+    let prompt: [u32; 9] = [200006, 1428, 200008, 13225, 11, 2375, 0, 199999, 201087];
+    let model = Model::load(&dir).unwrap();
+    let mut s = model.new_session();
+    let ours = model
+        .forward(&mut s, &prompt, LogitRows::All, &Stats::default())
+        .unwrap();
+    let out = t.path().join("ref.npy");
+    let script = "import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import released_ref as r; \
+                  cfg, w = r.load_dir(sys.argv[2]); \
+                  np.save(sys.argv[3], r.gpt_oss_forward(cfg, w, np.array([int(x) for x in sys.argv[4].split(',')]))[0])";
+    let ids: Vec<String> = prompt.iter().map(|i| i.to_string()).collect();
+    let run = python()
+        .args(["-c", script])
+        .arg(repo_root().join("tools/oracle"))
+        .arg(&dir)
+        .arg(&out)
+        .arg(ids.join(","))
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "released_ref.py failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let reference = deltafin_formats::npy::read(&out).unwrap();
+    let vocab = model.config().vocab_size;
+    assert_eq!(
+        (reference.rows, ours.len()),
+        (prompt.len(), prompt.len() * vocab)
+    );
+    for r in 0..prompt.len() {
+        let row: Vec<f64> = ours[r * vocab..(r + 1) * vocab]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let e = rel_err(&row, reference.row(r));
+        assert!(
+            e < TOL,
+            "row {r}: relative error {e:e} against released_ref.py"
+        );
+    }
+    let tok = deltafin_tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let mut eos = tok.eos_ids();
+    eos.sort_unstable();
+    assert_eq!(
+        eos,
+        [199999, 200002, 200012],
+        "<|endoftext|>, <|return|>, <|call|>"
+    );
+    let out = bin()
+        .args(["run", "--model"])
+        .arg(&dir)
+        .args([
+            "--prompt",
+            "Experts stream from disk",
+            "--max-new",
+            "6",
+            "--ignore-eos",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deltafin run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
