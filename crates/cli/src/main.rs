@@ -194,7 +194,7 @@ impl SamplingArgs {
 
 #[derive(Args)]
 struct MakeModelArgs {
-    /// Architecture: kimi_k3 or kimi_linear.
+    /// Architecture: kimi_k3, kimi_linear or gpt_oss.
     #[arg(long)]
     arch: Arch,
     /// Size: tiny (unit tests, a few MB), small (>= 64 experts per layer, a few hundred MB), or for kimi_k3

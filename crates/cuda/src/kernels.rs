@@ -46,6 +46,9 @@ impl Act {
         match act {
             deltafin_models::ops::Act::Situ => Act::Situ,
             deltafin_models::ops::Act::SiluGlu => Act::Silu,
+            deltafin_models::ops::Act::ClampedSwiglu { .. } => {
+                unreachable!("CudaModel::load refuses gpt-oss before building its layers")
+            }
         }
     }
 }

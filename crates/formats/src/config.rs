@@ -6,6 +6,8 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
+mod gpt_oss;
+pub use gpt_oss::{GqaConfig, RopeConfig, YarnConfig};
 use std::path::Path;
 
 /// The model families deltafin computes.
@@ -15,16 +17,19 @@ pub enum Family {
     KimiK3,
     /// Kimi Linear: plain residuals, softplus KDA gate, ungated MLA, full-width BF16 SiLU experts.
     KimiLinear,
+    /// gpt-oss: GQA with sinks (sliding and full layers), YaRN RoPE, a biased softmax router, MXFP4 experts
+    /// with biases and a clamped SwiGLU.
+    GptOss,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct KdaConfig {
     pub heads: usize,
     pub head_dim: usize,
     pub conv_kernel: usize,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MlaConfig {
     pub heads: usize,
     /// `None`: queries come from one `q_proj` (Kimi Linear); `Some(r)`: `q_a_proj` → norm → `q_b_proj`.
@@ -69,6 +74,10 @@ pub struct ModelConfig {
     pub attn_res_block: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
+    /// gpt-oss's attention (every layer); `None` for the KDA/MLA families.
+    pub gqa: Option<GqaConfig>,
+    /// gpt-oss's clamped SwiGLU limit; `None` for the other families.
+    pub swiglu_limit: Option<f32>,
 }
 
 impl ModelConfig {
@@ -94,8 +103,9 @@ impl ModelConfig {
         match model_type {
             "kimi_k3" => parse_k3(root),
             "kimi_linear" => parse_kimi_linear(root),
+            "gpt_oss" => gpt_oss::parse(root),
             other => bail!(
-                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\" and \"kimi_linear\""
+                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\" and \"gpt_oss\""
             ),
         }
     }
@@ -222,6 +232,8 @@ fn common(
         attn_res_block: None,
         bos_token_id: None,
         eos_token_id: None,
+        gqa: None,
+        swiglu_limit: None,
     })
 }
 
@@ -281,7 +293,7 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
             cfg.rms_norm_eps
         );
     }
-    if cfg.kda.conv_kernel == 0 {
+    if cfg.gqa.is_none() && cfg.kda.conv_kernel == 0 {
         bail!("field `short_conv_kernel_size` must be at least 1");
     }
     for (name, v) in [

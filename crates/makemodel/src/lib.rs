@@ -6,6 +6,7 @@
 //! they carry no knowledge. The same (arch, preset, seed) always gives byte-identical files.
 
 mod fill;
+mod gpt_oss;
 mod layout;
 
 use std::fmt;
@@ -25,6 +26,7 @@ use layout::{Layout, FIRST_K_DENSE, SHORT_CONV_KERNEL};
 pub enum Arch {
     KimiK3,
     KimiLinear,
+    GptOss,
 }
 
 impl FromStr for Arch {
@@ -33,7 +35,8 @@ impl FromStr for Arch {
         match s {
             "kimi_k3" => Ok(Arch::KimiK3),
             "kimi_linear" => Ok(Arch::KimiLinear),
-            _ => bail!("unknown architecture {s:?}: expected one of kimi_k3, kimi_linear"),
+            "gpt_oss" => Ok(Arch::GptOss),
+            _ => bail!("unknown architecture {s:?}: expected one of kimi_k3, kimi_linear, gpt_oss"),
         }
     }
 }
@@ -457,6 +460,16 @@ pub fn make_padded_model(
     out: &Path,
 ) -> Result<Summary> {
     let (dims, config, layout) = match arch {
+        Arch::GptOss if padding_rows > 0 => {
+            bail!("gpt_oss has the released vocabulary (201088); it takes no padding rows")
+        }
+        Arch::GptOss => {
+            let d = gpt_oss::dims(preset)?;
+            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+            write_json(&out.join("config.json"), &gpt_oss::config(&d))?;
+            gpt_oss::write_tokenizer(out).context("writing the tokenizer files")?;
+            return write_weights(gpt_oss::layout(&d), preset, seed, out);
+        }
         Arch::KimiK3 => {
             let (mut d, k) = k3_dims(preset);
             d.padding_rows = padding_rows;
@@ -489,7 +502,11 @@ pub fn make_padded_model(
     }
     write_json(&out.join("generation_config.json"), &generation)?;
     deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")?;
+    write_weights(layout, preset, seed, out)
+}
 
+/// Writes `layout`'s tensors into shards at `out`, the index last.
+fn write_weights(layout: Layout, preset: Preset, seed: u64, out: &Path) -> Result<Summary> {
     // One stream, drawn in file order on one thread: the bytes depend on the seed alone. The writer asks for
     // each tensor's bytes when it writes it, so nothing larger than one tensor is held in memory.
     let mut rng = ChaCha8Rng::seed_from_u64(seed);

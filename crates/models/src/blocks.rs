@@ -2,6 +2,7 @@
 
 use crate::describe as desc;
 use crate::experts::{ExpertSet, Stats};
+use crate::gqa::{Gqa, KvCache};
 use crate::kda::{Kda, KdaState};
 use crate::mla::{LatentCache, Mla};
 use crate::moe::{Mlp, Moe};
@@ -16,6 +17,7 @@ use std::sync::Arc;
 pub enum Attention {
     Kda(Box<Kda>),
     Mla(Box<Mla>),
+    Gqa(Box<Gqa>),
 }
 
 /// What one layer carries from token to token.
@@ -23,6 +25,7 @@ pub enum Attention {
 pub enum LayerState {
     Kda(KdaState),
     Mla(LatentCache),
+    Kv(KvCache),
 }
 
 impl LayerState {
@@ -30,6 +33,7 @@ impl LayerState {
         match self {
             LayerState::Kda(s) => s.bytes(),
             LayerState::Mla(c) => c.bytes(),
+            LayerState::Kv(c) => c.bytes(),
         }
     }
 
@@ -40,6 +44,7 @@ impl LayerState {
             LayerState::Kda(s) if rows == pass => s.forget_rows(),
             LayerState::Kda(s) => s.rollback(rows)?,
             LayerState::Mla(c) => c.keep_first(start + rows, start + pass),
+            LayerState::Kv(c) => c.keep_first(start + rows, start + pass),
         }
         Ok(())
     }
@@ -49,6 +54,7 @@ impl LayerState {
         match self {
             LayerState::Kda(s) => s.bits().collect(),
             LayerState::Mla(c) => c.bits().collect(),
+            LayerState::Kv(c) => c.bits().collect(),
         }
     }
 }
@@ -58,6 +64,7 @@ impl Attention {
         Ok(match d {
             desc::Attention::Mla(m) => Attention::Mla(Box::new(Mla::load(ld, m)?)),
             desc::Attention::Kda(k) => Attention::Kda(Box::new(Kda::load(ld, k)?)),
+            desc::Attention::Gqa(g) => Attention::Gqa(Box::new(Gqa::load(ld, g)?)),
         })
     }
 
@@ -66,6 +73,7 @@ impl Attention {
         match (self, state) {
             (Attention::Kda(k), LayerState::Kda(s)) => k.forward(x, n, s, keep),
             (Attention::Mla(m), LayerState::Mla(c)) => m.forward(x, n, c),
+            (Attention::Gqa(g), LayerState::Kv(c)) => g.forward(x, n, c),
             _ => unreachable!("a session's layer states are made by the same model's layers"),
         }
     }
@@ -143,7 +151,9 @@ impl FeedForward {
 pub fn initial_states(cfg: &ModelConfig) -> Vec<LayerState> {
     (0..cfg.num_layers)
         .map(|l| {
-            if cfg.is_mla[l] {
+            if cfg.gqa.is_some() {
+                LayerState::Kv(KvCache::default())
+            } else if cfg.is_mla[l] {
                 LayerState::Mla(LatentCache::default())
             } else {
                 LayerState::Kda(KdaState::zeros(

@@ -4,7 +4,7 @@
 
 use crate::ops::Act;
 use anyhow::{bail, Context, Result};
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::{Family, GqaConfig, ModelConfig, RopeConfig};
 use deltafin_store::record::layer_prefix;
 
 /// A BF16 matrix `[rows, cols]` of the checkpoint.
@@ -127,10 +127,35 @@ pub struct Mla {
     pub latent_eps: f32,
 }
 
+/// A BF16 projection with its bias: `W x + b`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Affine {
+    pub weight: Mat,
+    pub bias: Vector,
+}
+
+/// Grouped-query attention with learned sinks and rotate-half RoPE (gpt-oss).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gqa {
+    pub q: Affine,
+    pub k: Affine,
+    pub v: Affine,
+    pub o: Affine,
+    /// One logit per query head that joins the softmax without a value.
+    pub sinks: Vector,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub dim: usize,
+    /// `Some(w)`: a query sees only the last `w` positions, itself included.
+    pub window: Option<usize>,
+    pub rope: RopeConfig,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Attention {
     Kda(Box<Kda>),
     Mla(Box<Mla>),
+    Gqa(Box<Gqa>),
 }
 
 /// `down(act(gate x, up x))`.
@@ -142,11 +167,20 @@ pub struct Mlp {
     pub act: Act,
 }
 
-/// The noaux_tc router: sigmoid scores; the correction bias only chooses; weights renormalised and scaled.
+/// How the router turns its logits into a choice and weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    /// noaux_tc: sigmoid scores; the correction bias only chooses; weights renormalised and scaled.
+    SigmoidCorrected,
+    /// gpt-oss: the bias is the linear's (`x Wᵀ + b`); the top-k logits, softmaxed among themselves.
+    SoftmaxTopK,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Router {
     pub gate: Mat,
     pub bias: Vector,
+    pub scoring: Scoring,
     pub top_k: usize,
     pub renormalize: bool,
     pub scale: f32,
@@ -165,7 +199,8 @@ pub struct Latent {
 pub struct Moe {
     pub router: Router,
     pub latent: Option<Latent>,
-    pub shared: Mlp,
+    /// Shared experts, where the family has them (gpt-oss has none).
+    pub shared: Option<Mlp>,
     /// The routed experts' activation.
     pub act: Act,
     pub eps: f32,
@@ -239,6 +274,12 @@ impl Layer {
                 t.extend([&*m.kv_a.name, &m.kv_norm.name, &m.kv_b.name, &m.o.name]);
                 t.extend(m.gate.iter().map(|g| &*g.name));
             }
+            Attention::Gqa(g) => {
+                for a in [&g.q, &g.k, &g.v, &g.o] {
+                    t.extend([&*a.weight.name, &a.bias.name]);
+                }
+                t.push(&g.sinks.name);
+            }
         }
         match &self.ffn {
             FeedForward::Dense(m) => t.extend(m.tensors()),
@@ -247,7 +288,7 @@ impl Layer {
                 if let Some(l) = &m.latent {
                     t.extend([&*l.down.name, &l.norm.name, &l.up.name]);
                 }
-                t.extend(m.shared.tensors());
+                t.extend(m.shared.iter().flat_map(|s| s.tensors()));
             }
         }
         t
@@ -282,6 +323,11 @@ struct Choices {
     qk_norm: QkNorm,
     mla_gate: bool,
     act: Act,
+    /// Where a layer's MoE tensors live, under the layer prefix.
+    moe_prefix: &'static str,
+    scoring: Scoring,
+    /// The router bias's name under the MoE prefix.
+    router_bias: &'static str,
 }
 
 fn choices(family: Family) -> Choices {
@@ -296,6 +342,9 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::ClampedNorm,
             mla_gate: true,
             act: Act::Situ,
+            moe_prefix: "block_sparse_moe.",
+            scoring: Scoring::SigmoidCorrected,
+            router_bias: "gate.e_score_correction_bias",
         },
         // Contract §6 (transformers' Kimi Linear).
         Family::KimiLinear => Choices {
@@ -307,6 +356,24 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::EpsInsideSqrt,
             mla_gate: false,
             act: Act::SiluGlu,
+            moe_prefix: "block_sparse_moe.",
+            scoring: Scoring::SigmoidCorrected,
+            router_bias: "gate.e_score_correction_bias",
+        },
+        // transformers' GptOssForCausalLM (tests/fixtures/gpt_oss_tiny_mxfp4/README.md). It has no KDA or
+        // MLA layers, so the KDA/MLA choices are never read; the experts' act comes from `swiglu_limit`.
+        Family::GptOss => Choices {
+            head_prefix: "",
+            attn_res: false,
+            kda_gate_low_rank: true,
+            decay: DecayGate::Softplus,
+            a_log: ALogLayout::PerHead,
+            qk_norm: QkNorm::EpsInsideSqrt,
+            mla_gate: false,
+            act: Act::SiluGlu,
+            moe_prefix: "mlp.",
+            scoring: Scoring::SoftmaxTopK,
+            router_bias: "router.bias",
         },
     }
 }
@@ -373,7 +440,9 @@ impl Description {
 
 fn layer(cfg: &ModelConfig, c: &Choices, n: &Names, l: usize) -> Result<Layer> {
     let h = cfg.hidden;
-    let attn = if cfg.is_mla[l] {
+    let attn = if let Some(g) = &cfg.gqa {
+        Attention::Gqa(Box::new(gqa(g, h, &n.sub("self_attn."), l)))
+    } else if cfg.is_mla[l] {
         Attention::Mla(Box::new(mla(cfg, c, n)))
     } else {
         Attention::Kda(Box::new(
@@ -482,6 +551,26 @@ fn mla(cfg: &ModelConfig, c: &Choices, n: &Names) -> Mla {
     }
 }
 
+fn gqa(g: &GqaConfig, h: usize, a: &Names, l: usize) -> Gqa {
+    let (q, kv) = (g.heads * g.head_dim, g.kv_heads * g.head_dim);
+    let affine = |p: &str, rows, cols| Affine {
+        weight: a.mat(&format!("{p}.weight"), rows, cols),
+        bias: a.vector(&format!("{p}.bias"), &[rows]),
+    };
+    Gqa {
+        q: affine("q_proj", q, h),
+        k: affine("k_proj", kv, h),
+        v: affine("v_proj", kv, h),
+        o: affine("o_proj", h, q),
+        sinks: a.vector("sinks", &[g.heads]),
+        heads: g.heads,
+        kv_heads: g.kv_heads,
+        dim: g.head_dim,
+        window: g.sliding[l].then_some(g.window),
+        rope: g.rope.clone(),
+    }
+}
+
 fn mlp(n: &Names, hidden: usize, width: usize, act: Act) -> Mlp {
     Mlp {
         gate: n.mat("gate_proj.weight", width, hidden),
@@ -493,11 +582,16 @@ fn mlp(n: &Names, hidden: usize, width: usize, act: Act) -> Mlp {
 
 fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
     let (h, m) = (cfg.hidden, &cfg.moe);
-    let b = n.sub("block_sparse_moe.");
+    let b = n.sub(c.moe_prefix);
+    let gate = match c.scoring {
+        Scoring::SigmoidCorrected => "gate.weight",
+        Scoring::SoftmaxTopK => "router.weight",
+    };
     Moe {
         router: Router {
-            gate: b.mat("gate.weight", m.num_experts, h),
-            bias: b.vector("gate.e_score_correction_bias", &[m.num_experts]),
+            gate: b.mat(gate, m.num_experts, h),
+            bias: b.vector(c.router_bias, &[m.num_experts]),
+            scoring: c.scoring,
             top_k: m.top_k,
             renormalize: m.renormalize,
             scale: m.routed_scaling_factor,
@@ -507,8 +601,12 @@ fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
             norm: b.vector("routed_expert_norm.weight", &[l]),
             up: b.mat("routed_expert_up_proj.weight", h, l),
         }),
-        shared: mlp(&b.sub("shared_experts."), h, m.shared_width, c.act),
-        act: c.act,
+        shared: (m.shared_width > 0)
+            .then(|| mlp(&b.sub("shared_experts."), h, m.shared_width, c.act)),
+        act: match cfg.swiglu_limit {
+            Some(limit) => Act::ClampedSwiglu { limit },
+            None => c.act,
+        },
         eps: cfg.rms_norm_eps,
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::ops::Act;
 use anyhow::{bail, Result};
+use deltafin_kernels::codec::bf16_to_f32;
 use deltafin_kernels::{matmul, Matrix};
 use deltafin_store::record::{Encoding, ExpertRecord};
 use deltafin_store::ExpertStore;
@@ -133,16 +134,7 @@ impl ExpertSet {
         let mut y = vec![0.0; n * width];
         match lay.encoding {
             Encoding::Mxfp4 => {
-                for i in [1, 3, 5] {
-                    // A vector search: the check runs on every use of a record.
-                    if let Some(pos) = memchr::memchr(255, part(i)) {
-                        bail!(
-                            "layer {} expert {e}: scale byte {pos} of w{} is 255 (NaN in e8m0); the checkpoint is damaged",
-                            self.layer,
-                            i / 2 + 1
-                        );
-                    }
-                }
+                self.check_scales(e, [("w1", part(1)), ("w2", part(3)), ("w3", part(5))])?;
                 let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
                     packed: part(p),
                     scales: part(p + 1),
@@ -153,6 +145,37 @@ impl ExpertSet {
                 matmul(&mx(4, inter, width), x, n, &mut h3);
                 self.act.apply(&h1, &h3, &mut a);
                 matmul(&mx(2, width, inter), &a, n, &mut y);
+            }
+            Encoding::Mxfp4Biased => {
+                self.check_scales(e, [("gate_up_proj", part(1)), ("down_proj", part(4))])?;
+                let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
+                    packed: part(p),
+                    scales: part(p + 1),
+                    rows,
+                    cols,
+                };
+                let bias = |p: usize| crate::weights::u16s(part(p)).into_iter().map(bf16_to_f32);
+                // gate_up rows alternate gate (2j) and up (2j + 1).
+                let mut gu = vec![0.0; n * 2 * inter];
+                matmul(&mx(0, 2 * inter, width), x, n, &mut gu);
+                for (row, (g, u)) in gu
+                    .chunks(2 * inter)
+                    .zip(h1.chunks_mut(inter).zip(h3.chunks_mut(inter)))
+                {
+                    for (j, b) in bias(2).enumerate() {
+                        let v = row[j] + b;
+                        if j % 2 == 0 {
+                            g[j / 2] = v;
+                        } else {
+                            u[j / 2] = v;
+                        }
+                    }
+                }
+                self.act.apply(&h1, &h3, &mut a);
+                matmul(&mx(3, width, inter), &a, n, &mut y);
+                let b: Vec<f32> = bias(5).collect();
+                y.chunks_mut(width)
+                    .for_each(|r| r.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
             }
             Encoding::Bf16 => {
                 let w = |p: usize| crate::weights::u16s(part(p));
@@ -195,5 +218,19 @@ impl ExpertSet {
             .fetch_add(record.len() as u64, Ordering::Relaxed);
         stats.expert_uses.fetch_add(1, Ordering::Relaxed);
         Ok(y)
+    }
+
+    /// E8M0 255 is NaN: refused (a vector search, so the check runs on every use of a record). `scales`:
+    /// (the matrix's name, its scale bytes).
+    fn check_scales<const N: usize>(&self, e: usize, scales: [(&str, &[u8]); N]) -> Result<()> {
+        for (w, bytes) in scales {
+            if let Some(pos) = memchr::memchr(255, bytes) {
+                bail!(
+                    "layer {} expert {e}: scale byte {pos} of {w} is 255 (NaN in e8m0); the checkpoint is damaged",
+                    self.layer
+                );
+            }
+        }
+        Ok(())
     }
 }

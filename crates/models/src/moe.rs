@@ -2,8 +2,9 @@
 //! routed experts, whose bytes are read from the checkpoint only when a row routes to them.
 
 use crate::describe as desc;
+use crate::describe::Scoring;
 use crate::experts::{ExpertSet, Stats};
-use crate::ops::{rms_norm, sigmoid, Act};
+use crate::ops::{rms_norm, sigmoid, softmax, Act};
 use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
 use rayon::prelude::*;
@@ -39,10 +40,11 @@ impl Mlp {
     }
 }
 
-/// The noaux_tc router: sigmoid scores; the correction bias only chooses; weights renormalised and scaled.
+/// The router ([`Scoring`]): noaux_tc (K3, Kimi Linear) or gpt-oss's biased softmax over the top k.
 pub struct Router {
     gate: Linear,
     bias: Vec<f32>,
+    scoring: Scoring,
     top_k: usize,
     renormalize: bool,
     scale: f32,
@@ -59,6 +61,12 @@ impl Router {
     pub fn route(&self, x: &[f32], n: usize) -> Vec<Route> {
         let e = self.gate.rows;
         let logits = self.gate.forward(x, n);
+        if self.scoring == Scoring::SoftmaxTopK {
+            return logits
+                .chunks(e)
+                .map(|row| self.softmax_top_k(row))
+                .collect();
+        }
         logits
             .chunks(e)
             .map(|row| {
@@ -81,6 +89,19 @@ impl Router {
             })
             .collect()
     }
+
+    /// gpt-oss: `l = x Wᵀ + b`; the k largest logits (ties: the lower id), softmaxed among themselves in
+    /// ascending-id order.
+    fn softmax_top_k(&self, row: &[f32]) -> Route {
+        let logits: Vec<f32> = row.iter().zip(&self.bias).map(|(l, b)| l + b).collect();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let mut ids = order[..self.top_k].to_vec();
+        ids.sort_unstable();
+        let mut weights: Vec<f32> = ids.iter().map(|&i| logits[i]).collect();
+        softmax(&mut weights);
+        Route { ids, weights }
+    }
 }
 
 /// K3's latent projections around the routed experts.
@@ -94,7 +115,7 @@ pub struct Moe {
     router: Router,
     latent: Option<Latent>,
     experts: ExpertSet,
-    shared: Mlp,
+    shared: Option<Mlp>,
     eps: f32,
 }
 
@@ -105,6 +126,7 @@ impl Moe {
             router: Router {
                 gate: ld.linear(&r.gate)?,
                 bias: ld.vector(&r.bias)?,
+                scoring: r.scoring,
                 top_k: r.top_k,
                 renormalize: r.renormalize,
                 scale: r.scale,
@@ -118,7 +140,7 @@ impl Moe {
                 None => None,
             },
             experts,
-            shared: Mlp::load(ld, &d.shared)?,
+            shared: d.shared.as_ref().map(|m| Mlp::load(ld, m)).transpose()?,
             eps: d.eps,
         })
     }
@@ -146,15 +168,17 @@ impl Moe {
         }
         // 1. K3 works in the latent space: z = routed_expert_down_proj · x. The shared experts' gate and up
         // products of x join it in one parallel region.
-        let (z, g, u) = match &self.latent {
-            Some(l) => {
-                let [z, g, u] = forward_many([&l.down, &self.shared.gate, &self.shared.up], x, n);
-                (z, g, u)
+        let (z, shared) = match (&self.latent, &self.shared) {
+            (Some(l), Some(s)) => {
+                let [z, g, u] = forward_many([&l.down, &s.gate, &s.up], x, n);
+                (z, Some((g, u)))
             }
-            None => {
-                let [g, u] = forward_many([&self.shared.gate, &self.shared.up], x, n);
-                (x.to_vec(), g, u)
+            (Some(l), None) => (l.down.forward(x, n), None),
+            (None, Some(s)) => {
+                let [g, u] = forward_many([&s.gate, &s.up], x, n);
+                (x.to_vec(), Some((g, u)))
             }
+            (None, None) => (x.to_vec(), None),
         };
         let width = z.len() / n;
         // 2. expert outputs, each into its union position. Arrived records are taken a few at a time and
@@ -231,7 +255,10 @@ impl Moe {
             None => acc,
         };
         // 5. + shared experts.
-        let mut out = self.shared.finish(&g, &u, n);
+        let (Some(s), Some((g, u))) = (&self.shared, shared) else {
+            return Ok(routed);
+        };
+        let mut out = s.finish(&g, &u, n);
         for (o, r) in out.iter_mut().zip(&routed) {
             *o += r;
         }

@@ -74,12 +74,14 @@ pub fn add_assign(y: &mut [f32], x: &[f32]) {
 }
 
 /// The gated activation applied between an MLP's gate/up and down projections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Act {
     /// K3: SiTU(gate, up).
     Situ,
     /// Kimi Linear: SiLU(gate) · up.
     SiluGlu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, ±limit)`, `(u + 1) · g · σ(1.702 g)`.
+    ClampedSwiglu { limit: f32 },
 }
 
 impl Act {
@@ -105,6 +107,12 @@ impl Act {
             Act::SiluGlu => {
                 for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
                     *o = silu(g) * u;
+                }
+            }
+            Act::ClampedSwiglu { limit } => {
+                for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                    let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                    *o = (u + 1.0) * (g * sigmoid(1.702 * g));
                 }
             }
         }

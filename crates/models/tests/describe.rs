@@ -24,7 +24,7 @@ fn described(arch: Arch) -> (Description, Checkpoint, tempfile::TempDir) {
 
 #[test]
 fn the_description_names_every_spine_tensor_once() {
-    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+    for arch in [Arch::KimiK3, Arch::KimiLinear, Arch::GptOss] {
         let (desc, ck, _dir) = described(arch);
         let mut names: Vec<&str> = desc.globals();
         names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
@@ -73,12 +73,13 @@ fn each_family_makes_its_contract_choices() {
                     assert_eq!(m.gate.is_some(), k3);
                     assert_eq!(matches!(m.q, QueryPath::LowRank { .. }), k3);
                 }
+                Attention::Gqa(_) => panic!("the Kimi families have no GQA layers"),
             }
             let act = if k3 { Act::Situ } else { Act::SiluGlu };
             match &l.ffn {
                 FeedForward::Dense(m) => assert_eq!(m.act, act),
                 FeedForward::Moe(m) => {
-                    assert_eq!((m.act, m.shared.act), (act, act));
+                    assert_eq!((m.act, m.shared.as_ref().map(|s| s.act)), (act, Some(act)));
                     assert_eq!(m.latent.is_some(), k3);
                 }
             }

@@ -15,13 +15,16 @@ pub enum Encoding {
     Mxfp4,
     /// Kimi Linear: w1/w2/w3 `.weight` in BF16.
     Bf16,
+    /// gpt-oss: `gate_up_proj` (gate and up rows interleaved) and `down_proj`, each `*_blocks` (MXFP4) +
+    /// `*_scales` (E8M0 per 32 inputs) + `*_bias` (BF16). All experts of a layer share one tensor each.
+    Mxfp4Biased,
 }
 
 /// The tensor-name prefix of a family's layers.
 pub fn layer_prefix(family: Family) -> &'static str {
     match family {
         Family::KimiK3 => "language_model.model.",
-        Family::KimiLinear => "model.",
+        Family::KimiLinear | Family::GptOss => "model.",
     }
 }
 
@@ -49,6 +52,7 @@ impl ExpertRecord {
         let (encoding, width) = match cfg.family {
             Family::KimiK3 => (Encoding::Mxfp4, cfg.moe.latent.unwrap_or(cfg.hidden)),
             Family::KimiLinear => (Encoding::Bf16, cfg.hidden),
+            Family::GptOss => (Encoding::Mxfp4Biased, cfg.hidden),
         };
         if !width.is_multiple_of(32) || !inter.is_multiple_of(32) {
             bail!(
@@ -82,6 +86,19 @@ impl ExpertRecord {
                 .iter()
                 .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
                 .collect(),
+            Encoding::Mxfp4Biased => [
+                ("gate_up_proj", 2 * inter, width),
+                ("down_proj", width, inter),
+            ]
+            .iter()
+            .flat_map(|&(w, rows, cols)| {
+                [
+                    (format!("{w}_blocks"), Dtype::U8, vec![rows, cols / 32, 16]),
+                    (format!("{w}_scales"), Dtype::U8, vec![rows, cols / 32]),
+                    (format!("{w}_bias"), Dtype::Bf16, vec![rows]),
+                ]
+            })
+            .collect(),
         };
         let mut parts = Vec::new();
         let mut at = 0;
@@ -110,13 +127,14 @@ impl ExpertRecord {
     }
 
     /// (offset, length) of the record's `i`-th tensor: MXFP4 w1 packed, w1 scales, w2 packed, w2 scales, w3
-    /// packed, w3 scales; BF16 w1, w2, w3.
+    /// packed, w3 scales; BF16 w1, w2, w3; MXFP4 with biases gate_up blocks, scales, bias, then down's.
     pub fn part(&self, i: usize) -> (usize, usize) {
         self.parts[i]
     }
 
     /// Where every expert of every MoE layer lives in the checkpoint (empty lists for dense layers), checking
-    /// each tensor's dtype and shape. Consecutive tensors merge into one extent: one read per K3 expert.
+    /// each tensor's dtype and shape. Consecutive tensors merge into one extent: one read per K3 expert. Where
+    /// a layer keeps all its experts in one tensor each (gpt-oss: `[E, …]`), expert e is the e-th slice of each.
     pub fn locate(&self, ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<RecordLoc>>> {
         let prefix = layer_prefix(cfg.family);
         (0..cfg.num_layers)
@@ -127,22 +145,29 @@ impl ExpertRecord {
                 (0..cfg.moe.num_experts)
                     .map(|e| {
                         let mut extents: Vec<Extent> = Vec::new();
-                        for (name, dtype, shape) in &self.tensors {
-                            let full =
-                                format!("{prefix}layers.{l}.block_sparse_moe.experts.{e}.{name}");
-                            let info = ck.expect(&full, &[*dtype], shape)?;
+                        for ((name, dtype, shape), &(_, len)) in
+                            self.tensors.iter().zip(&self.parts)
+                        {
+                            let (file, offset) = if self.encoding == Encoding::Mxfp4Biased {
+                                let full = format!("{prefix}layers.{l}.mlp.experts.{name}");
+                                let stacked: Vec<usize> = [cfg.moe.num_experts]
+                                    .into_iter()
+                                    .chain(shape.clone())
+                                    .collect();
+                                let info = ck.expect(&full, &[*dtype], &stacked)?;
+                                (info.shard, info.offset + (e * len) as u64)
+                            } else {
+                                let full = format!(
+                                    "{prefix}layers.{l}.block_sparse_moe.experts.{e}.{name}"
+                                );
+                                let info = ck.expect(&full, &[*dtype], shape)?;
+                                (info.shard, info.offset)
+                            };
                             match extents.last_mut() {
-                                Some(x)
-                                    if x.file == info.shard
-                                        && x.offset + x.len as u64 == info.offset =>
-                                {
-                                    x.len += info.nbytes as usize
+                                Some(x) if x.file == file && x.offset + x.len as u64 == offset => {
+                                    x.len += len
                                 }
-                                _ => extents.push(Extent {
-                                    file: info.shard,
-                                    offset: info.offset,
-                                    len: info.nbytes as usize,
-                                }),
+                                _ => extents.push(Extent { file, offset, len }),
                             }
                         }
                         Ok(RecordLoc {

@@ -11,7 +11,7 @@ use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::ModelConfig;
+use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_models::describe::{self, Description, Mat, Vector};
 use deltafin_models::weights::{Linear, Loader};
 use deltafin_models::{open_expert_store, LoadOptions, ModelExperts};
@@ -201,6 +201,12 @@ impl CudaModel {
                     record: layout,
                 },
         } = Source::open(dir, load)?;
+        if cfg.family == Family::GptOss {
+            bail!(
+                "{}: gpt-oss is not yet on CUDA; use --device cpu",
+                dir.display()
+            );
+        }
         let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
         if values > MIX_VALUES {
             bail!(
@@ -298,6 +304,9 @@ impl CudaModel {
                             eps: m.latent_eps,
                         }))
                     }
+                    describe::Attention::Gqa(_) => {
+                        bail!("grouped-query attention is not yet on CUDA; use --device cpu")
+                    }
                     describe::Attention::Kda(k) => {
                         let (heads, dim, kern) = (k.heads, k.dim, k.kernel);
                         let Some((kind, lower)) = KdaKind::of(k) else {
@@ -390,7 +399,12 @@ impl CudaModel {
                             router,
                             bias: vecf(b, &m.router.bias)?,
                             latent,
-                            shared: mlp(b, &m.shared)?,
+                            shared: mlp(
+                                b,
+                                m.shared.as_ref().context(
+                                    "MoE without shared experts is not yet on CUDA; use --device cpu",
+                                )?,
+                            )?,
                         }))
                     }
                 };
