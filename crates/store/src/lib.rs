@@ -412,6 +412,11 @@ impl ExpertStore {
         (all, self.state.lock().unwrap().map.len())
     }
 
+    /// The slab has a slot for every record of the model (the background fill's case).
+    fn holds_every_record(&self) -> bool {
+        self.state.lock().unwrap().slots.len() >= self.layers.iter().map(Vec::len).sum()
+    }
+
     pub fn slots(&self) -> usize {
         self.state.lock().unwrap().slots.len()
     }
@@ -521,6 +526,11 @@ impl ExpertStore {
     /// measured. On a random-weight model (p ≈ 0.55) under a tight cache the drive serves demand ~90% of
     /// the time, and reading the predictions cost 20–40% of decode speed (BENCHMARKS.md, issue 26).
     fn lookahead_pays(&self, measured: &LayerPrediction) -> bool {
+        if self.holds_every_record() {
+            // Nothing is evicted and the background fill reads every record anyway: a wrong guess only
+            // reads one of them earlier.
+            return true;
+        }
         if measured.predicted < PREDICTION_WARMUP {
             return false;
         }

@@ -10,6 +10,10 @@ const RECORD: usize = 4096;
 
 /// A store over 2 layers of 8 one-page records with room for 8 records (4 working slots + 4 cached).
 fn store(dir: &std::path::Path) -> ExpertStore {
+    store_caching(dir, 4)
+}
+
+fn store_caching(dir: &std::path::Path, cached_records: u64) -> ExpertStore {
     let path = dir.join("records.bin");
     let layers: Vec<Vec<RecordLoc>> = (0..2)
         .map(|l| {
@@ -27,7 +31,7 @@ fn store(dir: &std::path::Path) -> ExpertStore {
         .collect();
     std::fs::write(&path, vec![7u8; 2 * EXPERTS * RECORD]).unwrap();
     let opts = StoreOptions {
-        cache_bytes: 4 * deltafin_store::slot_bytes(RECORD),
+        cache_bytes: cached_records * deltafin_store::slot_bytes(RECORD),
         working_slots: 4,
         workers_per_drive: 2,
         ..StoreOptions::default()
@@ -76,6 +80,16 @@ fn an_unmeasured_prediction_is_not_read() {
         1,
         "a measured layer's prediction is read"
     );
+}
+
+#[test]
+fn a_cache_holding_every_record_reads_predictions_at_once() {
+    // The background fill would read a wrong guess anyway: nothing to weigh.
+    let t = tempfile::tempdir().unwrap();
+    let s = store_caching(t.path(), 12);
+    assert_eq!(s.slots(), 16);
+    s.prefetch(1, &[0]);
+    assert_eq!(s.snapshot().prefetch_issued, 1);
 }
 
 #[test]
