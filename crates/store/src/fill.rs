@@ -23,8 +23,7 @@ impl ExpertStore {
     /// fill without evicting). It begins after the first demand, and ends when the cache is full or the
     /// store is dropped.
     pub fn fill_in_background(self: &Arc<Self>) {
-        let (records, _) = self.records_cached();
-        if self.slots() < records || records == 0 {
+        if !self.holds_every_record() || self.records_cached().0 == 0 {
             return;
         }
         let mut order: Vec<Key> = self

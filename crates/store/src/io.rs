@@ -312,8 +312,12 @@ pub struct IoCounters {
     /// Wall time with at least one read queued or in flight: the drive had work. In an I/O-bound pass,
     /// busy time / pass time says how well the engine kept the drive fed, whatever the drive's speed.
     busy: Mutex<Busy>,
+    /// Wall time with at least one demand read being served: what is left is the drive time the lookahead
+    /// can use without delaying a pass.
+    demand_busy: Mutex<Busy>,
 }
 
+/// Wall time with at least one of some reads outstanding.
 #[derive(Default)]
 struct Busy {
     outstanding: usize,
@@ -321,29 +325,38 @@ struct Busy {
     total_ns: u64,
 }
 
-impl IoCounters {
-    fn begin(&self) {
-        let mut b = self.busy.lock().unwrap();
-        if b.outstanding == 0 {
-            b.since = Some(Instant::now());
+impl Busy {
+    fn begin(&mut self) {
+        if self.outstanding == 0 {
+            self.since = Some(Instant::now());
         }
-        b.outstanding += 1;
+        self.outstanding += 1;
     }
 
-    fn end(&self) {
-        let mut b = self.busy.lock().unwrap();
-        b.outstanding -= 1;
-        if b.outstanding == 0 {
-            if let Some(t) = b.since.take() {
-                b.total_ns += t.elapsed().as_nanos() as u64;
+    fn end(&mut self) {
+        self.outstanding -= 1;
+        if self.outstanding == 0 {
+            if let Some(t) = self.since.take() {
+                self.total_ns += t.elapsed().as_nanos() as u64;
             }
         }
     }
 
-    /// Busy wall time so far, counting a busy period still in progress.
+    /// Counting a busy period still in progress.
+    fn secs(&self) -> f64 {
+        (self.total_ns + self.since.map_or(0, |t| t.elapsed().as_nanos() as u64)) as f64 * 1e-9
+    }
+}
+
+impl IoCounters {
+    /// Busy wall time so far.
     pub fn busy_secs(&self) -> f64 {
-        let b = self.busy.lock().unwrap();
-        (b.total_ns + b.since.map_or(0, |t| t.elapsed().as_nanos() as u64)) as f64 * 1e-9
+        self.busy.lock().unwrap().secs()
+    }
+
+    /// Wall time so far with demand reads in flight.
+    pub fn demand_busy_secs(&self) -> f64 {
+        self.demand_busy.lock().unwrap().secs()
     }
 }
 
@@ -422,7 +435,7 @@ impl IoEngine {
     }
 
     pub fn submit(&self, op: ReadOp, priority: Priority) {
-        self.counters.begin();
+        self.counters.busy.lock().unwrap().begin();
         // A buffered prefetch may wait behind the in-flight cap: the kernel can read its range ahead meanwhile
         // (macOS; the pages land in the page cache either way, so this adds no memory pressure).
         if priority != Priority::Demand && op.file.mode == IoMode::Buffered {
@@ -508,10 +521,16 @@ impl std::str::FromStr for Backend {
 
 /// Takes the next op for a drive: demand first, prefetch only below its in-flight cap, background only when
 /// no prefetch waits and below its own cap. `None` on shutdown.
-fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(ReadOp, Priority)>> {
+fn next_op(
+    drive: &Drive,
+    counters: &IoCounters,
+    max_prefetch: usize,
+    block: bool,
+) -> Option<Option<(ReadOp, Priority)>> {
     let mut q = drive.queues.lock().unwrap();
     loop {
         if let Some(op) = q.demand.pop_front() {
+            counters.demand_busy.lock().unwrap().begin();
             return Some(Some((op, Priority::Demand)));
         }
         if q.prefetch_in_flight < max_prefetch {
@@ -561,7 +580,10 @@ fn complete(
         drive.wake.notify_one();
     }
     op.done.finish_chunk(err);
-    counters.end();
+    if priority == Priority::Demand {
+        counters.demand_busy.lock().unwrap().end();
+    }
+    counters.busy.lock().unwrap().end();
 }
 
 fn read_error(op: &ReadOp, e: std::io::Error) -> String {
@@ -592,7 +614,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 continue;
             }
             let block = busy == 0 && in_flight.iter().all(|s| s.is_none());
-            let Some(next) = next_op(&drive, max_prefetch, block) else {
+            let Some(next) = next_op(&drive, &counters, max_prefetch, block) else {
                 return;
             };
             let Some((op, priority)) = next else { break };
@@ -663,7 +685,7 @@ fn positioned_read(op: &ReadOp) -> Option<String> {
 }
 
 fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
-    while let Some(Some((op, priority))) = next_op(&drive, max_prefetch, true) {
+    while let Some(Some((op, priority))) = next_op(&drive, &counters, max_prefetch, true) {
         complete(&drive, &counters, &op, priority, positioned_read(&op));
     }
 }

@@ -206,6 +206,7 @@ pub struct ExpertStore {
     io: Arc<IoEngine>,
     counters: Counters,
     prediction: Mutex<Vec<(Option<Vec<usize>>, LayerPrediction)>>,
+    demand_load: Mutex<DemandLoad>,
     opts: StoreOptions,
     backfill: Option<Arc<dyn Backfill>>,
     /// Describes where records come from, for messages ("pack at …", "checkpoint …").
@@ -223,6 +224,16 @@ pub fn slot_bytes(record_len: usize) -> u64 {
 /// read earlier (measured with `deltafin bench`: lookahead at ~15% precision made cold steps 12-20% slower).
 const PREDICTION_WARMUP: u64 = 32;
 const PREDICTION_MIN_PRECISION: f64 = 0.5;
+
+/// The drive's demand load is sampled over windows of this length (a few layers' passes at least).
+const LOAD_WINDOW: Duration = Duration::from_secs(1);
+
+/// The share of wall time the drive spent serving demand in the last full window.
+struct DemandLoad {
+    since: Instant,
+    busy_since: f64,
+    share: Option<f64>,
+}
 
 impl ExpertStore {
     /// `files[i]`: path and drive of data file i; `layers[l]`: the records of layer l (empty for dense layers).
@@ -276,6 +287,11 @@ impl ExpertStore {
         Ok(ExpertStore {
             files,
             prediction: Mutex::new(vec![(None, LayerPrediction::default()); layers.len()]),
+            demand_load: Mutex::new(DemandLoad {
+                since: Instant::now(),
+                busy_since: 0.0,
+                share: None,
+            }),
             layers,
             record_len,
             slot_len,
@@ -396,6 +412,11 @@ impl ExpertStore {
         (all, self.state.lock().unwrap().map.len())
     }
 
+    /// The slab has a slot for every record of the model (the background fill's case).
+    fn holds_every_record(&self) -> bool {
+        self.state.lock().unwrap().slots.len() >= self.layers.iter().map(Vec::len).sum()
+    }
+
     pub fn slots(&self) -> usize {
         self.state.lock().unwrap().slots.len()
     }
@@ -443,16 +464,18 @@ impl ExpertStore {
         }
     }
 
-    /// Queues predicted records of `layer` into idle disk time, only into free or evictable slots, never
-    /// waiting. Predictions are scored against the next demand for the layer.
+    /// Queues predicted records of `layer` into idle disk time where that pays (`lookahead_pays`), only into
+    /// free slots or those of unclaimed predictions (`take_slot`), never waiting. Predictions are scored
+    /// against the next demand for the layer.
     pub fn prefetch(&self, layer: usize, experts: &[usize]) {
-        {
+        let measured = {
             let mut p = self.prediction.lock().unwrap();
             if p[layer].1.disabled {
                 return;
             }
             p[layer].0 = Some(experts.to_vec());
-        }
+            p[layer].1.clone()
+        };
         if !self.opts.prefetch {
             return;
         }
@@ -463,6 +486,9 @@ impl ExpertStore {
             .partition(|&&e| self.backfill.as_ref().is_none_or(|b| b.present(layer, e)));
         if let (Some(b), false) = (&self.backfill, remote.is_empty()) {
             b.clone().prefetch(layer, &remote);
+        }
+        if !self.lookahead_pays(&measured) {
+            return;
         }
         let mut st = self.state.lock().unwrap();
         // Keep at least half the working set free for demand.
@@ -480,7 +506,7 @@ impl ExpertStore {
             if free_slots <= reserve {
                 break;
             }
-            let Some(slot) = self.take_slot(&mut st) else {
+            let Some(slot) = self.take_slot(&mut st, true) else {
                 break;
             };
             self.start_load(&mut st, slot, (layer, e), Priority::Prefetch);
@@ -489,6 +515,34 @@ impl ExpertStore {
                 .prefetch_issued
                 .fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether reading a layer's predictions from the local drive is expected to save more drive time than it
+    /// costs. A prediction
+    /// read in idle drive time (a share `1 − busy` of the time, `busy` being the drive's recent demand load)
+    /// hides a read the pass would wait for when it is right (precision `p`); one read while demand waits
+    /// delays the pass when it is wrong. The gain `p·(1 − busy)` beats the cost `busy·(1 − p)` exactly when
+    /// `busy < p`. Predictions are scored whether read or not, so a layer is read only once its precision is
+    /// measured. On a random-weight model (p ≈ 0.55) under a tight cache the drive serves demand ~90% of
+    /// the time, and reading the predictions cost 20–40% of decode speed (BENCHMARKS.md, issue 26).
+    fn lookahead_pays(&self, measured: &LayerPrediction) -> bool {
+        if self.holds_every_record() {
+            // Nothing is evicted and the background fill reads every record anyway: a wrong guess only
+            // reads one of them earlier.
+            return true;
+        }
+        if measured.predicted < PREDICTION_WARMUP {
+            return false;
+        }
+        let mut load = self.demand_load.lock().unwrap();
+        let elapsed = load.since.elapsed();
+        if elapsed >= LOAD_WINDOW {
+            let busy = self.io.counters.demand_busy_secs();
+            load.share = Some((busy - load.busy_since) / elapsed.as_secs_f64());
+            load.since = Instant::now();
+            load.busy_since = busy;
+        }
+        load.share.is_none_or(|busy| busy < measured.precision())
     }
 
     pub fn prediction_enabled(&self, layer: usize) -> bool {
@@ -509,8 +563,12 @@ impl ExpertStore {
         }
     }
 
-    /// A free slot, or the unpinned ready slot the policy values least.
-    fn take_slot(&self, st: &mut SlabState) -> Option<usize> {
+    /// A free slot, or the unpinned ready slot the policy values least — for a prediction (`for_prefetch`),
+    /// only among the prefetched records nobody asked for yet, never a record a demand brought in: a
+    /// prediction is right about half the time on some models, and evicting cached records for guesses cost
+    /// 40% of decode speed at a 3 GiB limit (BENCHMARKS.md, "Stop 23"). A prefetched record joins the
+    /// ordinary cache on its first demand use.
+    fn take_slot(&self, st: &mut SlabState, for_prefetch: bool) -> Option<usize> {
         settle_prefetched(st);
         let SlabState { slots, policy, map } = st;
         let victim = if let Some(i) = slots.iter().position(|s| s.phase == Phase::Empty) {
@@ -521,6 +579,7 @@ impl ExpertStore {
                     .iter()
                     .enumerate()
                     .filter(|(_, s)| s.pins == 0 && s.phase == Phase::Ready)
+                    .filter(|(_, s)| s.prefetched || !for_prefetch)
                     .filter_map(|(i, s)| Some((i, s.key?))),
             )?
         };
@@ -745,7 +804,7 @@ impl<'a> Fetch<'a> {
                 st.policy.touch(key);
                 slot
             } else {
-                let Some(slot) = store.take_slot(&mut st) else {
+                let Some(slot) = store.take_slot(&mut st, false) else {
                     break;
                 };
                 store.start_load(&mut st, slot, key, Priority::Demand);
