@@ -3,8 +3,9 @@
 //!
 //! Every function here is `unsafe` because it requires a CPU with AVX2 and FMA; callers check first.
 
+use crate::codec::{bf16_to_f32, E4M3_MAGNITUDE, E4M3_RESCALE};
 use crate::scalar::{add_rows_t, fma_tail};
-use crate::Matrix;
+use crate::{fp8_scale_row, Matrix, FP8_BLOCK};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -12,7 +13,7 @@ use std::ops::Range;
 /// Yields the weights of one matrix row as f32, eight at a time, so each vector is consumed by its fmas
 /// right away and the token block's accumulators keep the registers.
 trait RowDecoder {
-    /// What a 32-weight block needs decoded once (the MXFP4 scaled table).
+    /// What a 32-weight block needs decoded once (the MXFP4 scaled table, the FP8 and INT4 scale).
     type Block: Copy;
     unsafe fn block(&self, b: usize) -> Self::Block;
     /// Weights 32b+8j..32b+8j+8 of the row: lanes 8j..8j+8 of the crate's 32.
@@ -81,17 +82,92 @@ impl RowDecoder for Mxfp4Row {
 
 /// Eight MXFP4 weights from the four bytes at `p`.
 ///
-/// Lane i takes the word shifted right by 4i, so its low four bits are nibble i (little-endian: element
-/// i sits at bits 4i..4i+4); vpermps reads only the low three, the magnitude m. Shifting the lane left by
-/// 28 leaves exactly the nibble in bits 28..31; XORing it onto the table entry (which holds m there
-/// already) cancels m and sets the sign bit, which gives the signed weight in four instructions.
+/// vpermps reads only the low three bits of each lane of [`nibble_lanes`], the magnitude m. Shifting the
+/// lane left by 28 leaves exactly the nibble in bits 28..31; XORing it onto the table entry (which holds m
+/// there already) cancels m and sets the sign bit, which gives the signed weight in four instructions.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn decode_eight(table: __m256, p: *const u8) -> __m256 {
-    let word = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
-    let lanes = _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    let lanes = nibble_lanes(p);
     let entry = _mm256_permutevar8x32_ps(table, lanes);
     _mm256_xor_ps(entry, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(lanes)))
+}
+
+/// The little-endian word at `p` shifted right by 4i in lane i, so the lane's low four bits are nibble i
+/// (element i of eight packed MXFP4 or INT4 weights); the bits above are the following nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibble_lanes(p: *const u8) -> __m256i {
+    let word = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
+    _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28))
+}
+
+/// One FP8 row: its bytes, and the scales of its 128-row block.
+struct Fp8Row {
+    data: *const u8,
+    scales: *const f32,
+}
+
+impl RowDecoder for Fp8Row {
+    type Block = __m256;
+
+    /// The scale of the 128-column block holding 32-column block b.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block(&self, b: usize) -> __m256 {
+        _mm256_set1_ps(*self.scales.add(b * 32 / FP8_BLOCK))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn eight(&self, scale: __m256, b: usize, j: usize) -> __m256 {
+        _mm256_mul_ps(decode_e4m3(self.data.add(b * 32 + j * 8)), scale)
+    }
+}
+
+/// Eight e4m3 bytes at `p` -> f32, as `codec::e4m3_to_f32`: a byte sign-extended and shifted left by 20
+/// has its magnitude at bits 20..27 and copies of its sign at 27..32; keeping the magnitude and bit 31
+/// gives the value times 2^-120, and the multiplication by 2^120 is exact. NaN bytes become all ones.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode_e4m3(p: *const u8) -> __m256 {
+    let shifted = _mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())));
+    let magnitude_bits = _mm256_set1_epi32(E4M3_MAGNITUDE as i32);
+    let bits = _mm256_and_si256(
+        shifted,
+        _mm256_set1_epi32((E4M3_MAGNITUDE | 1 << 31) as i32),
+    );
+    let value = _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(E4M3_RESCALE));
+    let nan = _mm256_cmpeq_epi32(_mm256_and_si256(shifted, magnitude_bits), magnitude_bits);
+    _mm256_or_ps(value, _mm256_castsi256_ps(nan))
+}
+
+/// One INT4 row: its packed nibbles and BF16 scales.
+struct Int4Row {
+    packed: *const u8,
+    scales: *const u16,
+}
+
+impl RowDecoder for Int4Row {
+    type Block = __m256;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block(&self, b: usize) -> __m256 {
+        _mm256_set1_ps(bf16_to_f32(*self.scales.add(b)))
+    }
+
+    /// (nibble - 8) converted exactly to f32, times the scale: the codec's `INT4[nibble] * scale`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn eight(&self, scale: __m256, b: usize, j: usize) -> __m256 {
+        let nibbles = _mm256_and_si256(
+            nibble_lanes(self.packed.add(b * 16 + j * 4)),
+            _mm256_set1_epi32(0xF),
+        );
+        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(nibbles, _mm256_set1_epi32(8)));
+        _mm256_mul_ps(q, scale)
+    }
 }
 
 pub(crate) unsafe fn matmul_rows(
@@ -117,6 +193,38 @@ pub(crate) unsafe fn matmul_rows(
             ..
         } => rows_with(
             |r| Mxfp4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Fp8Block {
+            data,
+            scale_inv,
+            cols,
+            ..
+        } => rows_with(
+            |r| Fp8Row {
+                data: data[r * cols..].as_ptr(),
+                scales: fp8_scale_row(scale_inv, r, cols).as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Int4Group {
+            packed,
+            scales,
+            cols,
+            ..
+        } => rows_with(
+            |r| Int4Row {
                 packed: packed[r * cols / 2..].as_ptr(),
                 scales: scales[r * cols / 32..].as_ptr(),
             },
