@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
+mod deepseek;
+
 /// The model families deltafin computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -15,6 +17,39 @@ pub enum Family {
     KimiK3,
     /// Kimi Linear: plain residuals, softplus KDA gate, ungated MLA, full-width BF16 SiLU experts.
     KimiLinear,
+    /// DeepSeek-V3 and Kimi K2: plain residuals, MLA with q LoRA and interleaved YaRN RoPE, grouped
+    /// noaux_tc router, SiLU experts; BF16, FP8 or INT4 (routed experts) weights.
+    DeepseekV3,
+}
+
+/// Rotary position embedding of MLA's rope part (pairs of adjacent elements).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    /// YaRN context extension (`rope_scaling`); `None`: plain RoPE.
+    pub yarn: Option<Yarn>,
+}
+
+/// `rope_scaling` of type yarn, as transformers' `_compute_yarn_parameters` reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+}
+
+/// How the linear weights are stored (`quantization_config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    /// No quantization_config: BF16 (K3's MXFP4 experts are implied by its family).
+    None,
+    /// DeepSeek-V3's FP8: e4m3 `weight` with F32 `weight_scale_inv` per 128×128 block.
+    Fp8Block,
+    /// K2 Thinking: compressed-tensors pack-quantized INT4 routed experts (symmetric, group 32).
+    Int4Experts,
 }
 
 #[derive(Clone, Debug)]
@@ -48,6 +83,9 @@ pub struct MoeConfig {
     pub shared_width: usize,
     pub routed_scaling_factor: f32,
     pub renormalize: bool,
+    /// Expert groups (`n_group`, consecutive experts) and how many the router keeps (`topk_group`).
+    pub groups: usize,
+    pub topk_group: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +105,9 @@ pub struct ModelConfig {
     pub moe: MoeConfig,
     /// K3's AttnRes block size; `None` for plain residuals.
     pub attn_res_block: Option<usize>,
+    /// MLA's rotary embedding; `None`: NoPE.
+    pub rope: Option<Rope>,
+    pub quant: Quant,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
 }
@@ -94,8 +135,9 @@ impl ModelConfig {
         match model_type {
             "kimi_k3" => parse_k3(root),
             "kimi_linear" => parse_kimi_linear(root),
+            "deepseek_v3" | "kimi_k2" => deepseek::parse(root),
             other => bail!(
-                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\" and \"kimi_linear\""
+                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\", \"deepseek_v3\" and \"kimi_k2\""
             ),
         }
     }
@@ -218,8 +260,12 @@ fn common(
             shared_width: shared * moe_intermediate,
             routed_scaling_factor: f32_field(text, "routed_scaling_factor")?,
             renormalize: bool_field(text, "moe_renormalize")?,
+            groups: 1,
+            topk_group: 1,
         },
         attn_res_block: None,
+        rope: None,
+        quant: Quant::None,
         bos_token_id: None,
         eos_token_id: None,
     })
@@ -281,7 +327,7 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
             cfg.rms_norm_eps
         );
     }
-    if cfg.kda.conv_kernel == 0 {
+    if cfg.is_mla.contains(&false) && cfg.kda.conv_kernel == 0 {
         bail!("field `short_conv_kernel_size` must be at least 1");
     }
     for (name, v) in [

@@ -4,8 +4,8 @@
 
 use crate::ops::Act;
 use anyhow::{bail, Context, Result};
-use deltafin_formats::config::{Family, ModelConfig};
-use deltafin_store::record::layer_prefix;
+use deltafin_formats::config::{Family, ModelConfig, Rope};
+use deltafin_store::record::{layer_prefix, moe_prefix};
 
 /// A BF16 matrix `[rows, cols]` of the checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,7 +108,7 @@ pub enum QueryPath {
     Direct(Mat),
 }
 
-/// Multi-head latent attention without positional rotation (contract §4 "Gated MLA, NoPE").
+/// Multi-head latent attention (contract §4 "Gated MLA, NoPE"; DeepSeek-V3 adds RoPE to the rope part).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mla {
     pub q: QueryPath,
@@ -125,6 +125,8 @@ pub struct Mla {
     pub v: usize,
     pub kv_lora: usize,
     pub latent_eps: f32,
+    /// Rotation of q's and k's rope parts (DeepSeek-V3); `None`: NoPE.
+    pub rotary: Option<Rope>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -150,6 +152,9 @@ pub struct Router {
     pub top_k: usize,
     pub renormalize: bool,
     pub scale: f32,
+    /// Expert groups of consecutive ids, and how many of them the router keeps.
+    pub groups: usize,
+    pub topk_group: usize,
 }
 
 /// K3's latent projections around the routed experts: `z = down x`, `r = up · RMS(Σ w_i y_i, norm)`.
@@ -302,6 +307,17 @@ fn choices(family: Family) -> Choices {
             head_prefix: "",
             attn_res: false,
             kda_gate_low_rank: true,
+            decay: DecayGate::Softplus,
+            a_log: ALogLayout::PerHead,
+            qk_norm: QkNorm::EpsInsideSqrt,
+            mla_gate: false,
+            act: Act::SiluGlu,
+        },
+        // transformers' DeepseekV3 (fixtures deepseek_v3_tiny_*, kimi_k2_tiny_int4): every layer MLA.
+        Family::DeepseekV3 => Choices {
+            head_prefix: "",
+            attn_res: false,
+            kda_gate_low_rank: false,
             decay: DecayGate::Softplus,
             a_log: ALogLayout::PerHead,
             qk_norm: QkNorm::EpsInsideSqrt,
@@ -479,6 +495,7 @@ fn mla(cfg: &ModelConfig, c: &Choices, n: &Names) -> Mla {
         v,
         kv_lora,
         latent_eps: m.latent_norm_eps,
+        rotary: cfg.rope.clone(),
     }
 }
 
@@ -493,7 +510,7 @@ fn mlp(n: &Names, hidden: usize, width: usize, act: Act) -> Mlp {
 
 fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
     let (h, m) = (cfg.hidden, &cfg.moe);
-    let b = n.sub("block_sparse_moe.");
+    let b = n.sub(moe_prefix(cfg.family));
     Moe {
         router: Router {
             gate: b.mat("gate.weight", m.num_experts, h),
@@ -501,6 +518,8 @@ fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
             top_k: m.top_k,
             renormalize: m.renormalize,
             scale: m.routed_scaling_factor,
+            groups: m.groups,
+            topk_group: m.topk_group,
         },
         latent: m.latent.map(|l| Latent {
             down: b.mat("routed_expert_down_proj.weight", l, h),

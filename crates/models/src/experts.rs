@@ -5,7 +5,7 @@
 use crate::ops::Act;
 use anyhow::{bail, Result};
 use deltafin_kernels::{matmul, Matrix};
-use deltafin_store::record::{Encoding, ExpertRecord};
+use deltafin_store::record::{Encoding, ExpertRecord, Role};
 use deltafin_store::ExpertStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,6 +85,9 @@ impl Stats {
     }
 }
 
+/// An expert's matrices, in `Role as usize` order.
+const ROLES: [Role; 3] = [Role::Gate, Role::Up, Role::Down];
+
 /// One MoE layer's routed experts, served by the store.
 pub struct ExpertSet {
     pub store: Arc<ExpertStore>,
@@ -122,74 +125,70 @@ impl ExpertSet {
         stats: &Stats,
     ) -> Result<Vec<f32>> {
         let lay = &*self.record;
-        let part = |i: usize| {
-            let (at, len) = lay.part(i);
+        let part = |role: Role, k: usize| {
+            let (at, len) = lay.tensor(role, k);
             &record[at..at + len]
         };
         let (inter, width) = (lay.inter, lay.width);
+        let shape = |role: Role| match role {
+            Role::Down => (width, inter),
+            Role::Gate | Role::Up => (inter, width),
+        };
+        if lay.encoding == Encoding::Mxfp4 {
+            for role in ROLES {
+                // A vector search: the check runs on every use of a record.
+                if let Some(pos) = memchr::memchr(255, part(role, 1)) {
+                    bail!(
+                        "layer {} expert {e}: scale byte {pos} of {role:?} is 255 (NaN in e8m0); the checkpoint is damaged",
+                        self.layer,
+                    );
+                }
+            }
+        }
+        // Weights are read in place; only BF16 values (and scales) are widened out of the byte record.
+        let owned: Vec<Vec<u16>> = ROLES
+            .iter()
+            .map(|&role| match lay.encoding {
+                Encoding::Bf16 => crate::weights::u16s(part(role, 0)),
+                Encoding::Int4Group => crate::weights::u16s(part(role, 1)),
+                Encoding::Mxfp4 | Encoding::Fp8Block => Vec::new(),
+            })
+            .collect();
+        let scales_f32: Vec<Vec<f32>> = ROLES
+            .iter()
+            .map(|&role| match lay.encoding {
+                Encoding::Fp8Block => crate::weights::f32s(part(role, 1)),
+                _ => Vec::new(),
+            })
+            .collect();
+        let matrix = |role: Role| -> Result<Matrix> {
+            let (rows, cols) = shape(role);
+            let i = role as usize;
+            match lay.encoding {
+                Encoding::Mxfp4 => Ok(Matrix::Mxfp4 {
+                    packed: part(role, 0),
+                    scales: part(role, 1),
+                    rows,
+                    cols,
+                }),
+                Encoding::Bf16 => Ok(Matrix::Bf16 {
+                    data: &owned[i],
+                    rows,
+                    cols,
+                }),
+                Encoding::Fp8Block => Matrix::fp8_block(part(role, 0), &scales_f32[i], rows, cols),
+                Encoding::Int4Group => Matrix::int4_group(part(role, 0), &owned[i], rows, cols),
+            }
+            .map_err(|m| anyhow::anyhow!("layer {} expert {e} {role:?}: {m}", self.layer))
+        };
         let mut h1 = vec![0.0; n * inter];
         let mut h3 = vec![0.0; n * inter];
         let mut a = vec![0.0; n * inter];
         let mut y = vec![0.0; n * width];
-        match lay.encoding {
-            Encoding::Mxfp4 => {
-                for i in [1, 3, 5] {
-                    // A vector search: the check runs on every use of a record.
-                    if let Some(pos) = memchr::memchr(255, part(i)) {
-                        bail!(
-                            "layer {} expert {e}: scale byte {pos} of w{} is 255 (NaN in e8m0); the checkpoint is damaged",
-                            self.layer,
-                            i / 2 + 1
-                        );
-                    }
-                }
-                let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
-                    packed: part(p),
-                    scales: part(p + 1),
-                    rows,
-                    cols,
-                };
-                matmul(&mx(0, inter, width), x, n, &mut h1);
-                matmul(&mx(4, inter, width), x, n, &mut h3);
-                self.act.apply(&h1, &h3, &mut a);
-                matmul(&mx(2, width, inter), &a, n, &mut y);
-            }
-            Encoding::Bf16 => {
-                let w = |p: usize| crate::weights::u16s(part(p));
-                let (w1, w2, w3) = (w(0), w(1), w(2));
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w1,
-                        rows: inter,
-                        cols: width,
-                    },
-                    x,
-                    n,
-                    &mut h1,
-                );
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w3,
-                        rows: inter,
-                        cols: width,
-                    },
-                    x,
-                    n,
-                    &mut h3,
-                );
-                self.act.apply(&h1, &h3, &mut a);
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w2,
-                        rows: width,
-                        cols: inter,
-                    },
-                    &a,
-                    n,
-                    &mut y,
-                );
-            }
-        }
+        matmul(&matrix(Role::Gate)?, x, n, &mut h1);
+        matmul(&matrix(Role::Up)?, x, n, &mut h3);
+        self.act.apply(&h1, &h3, &mut a);
+        matmul(&matrix(Role::Down)?, &a, n, &mut y);
         stats
             .expert_bytes
             .fetch_add(record.len() as u64, Ordering::Relaxed);

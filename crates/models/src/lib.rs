@@ -13,6 +13,7 @@ pub mod math;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+pub mod rope;
 mod session;
 pub mod spine;
 pub mod weights;

@@ -4,7 +4,7 @@
 use crate::{Extent, RecordLoc};
 use anyhow::{bail, Result};
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::{Family, ModelConfig, Quant};
 use deltafin_formats::Dtype;
 use std::path::{Path, PathBuf};
 
@@ -13,15 +13,72 @@ use std::path::{Path, PathBuf};
 pub enum Encoding {
     /// K3: w1/w2/w3 each as `weight_packed` + `weight_scale` (MXFP4, e8m0 per 32 inputs).
     Mxfp4,
-    /// Kimi Linear: w1/w2/w3 `.weight` in BF16.
+    /// Kimi Linear, BF16 DeepSeek-V3: `.weight` in BF16.
     Bf16,
+    /// DeepSeek-V3 FP8: e4m3 `.weight` and F32 `.weight_scale_inv` per 128×128 block.
+    Fp8Block,
+    /// K2 Thinking: compressed-tensors `.weight_packed` (I32, 8 values a word) and BF16 `.weight_scale` per 32.
+    Int4Group,
+}
+
+impl Encoding {
+    /// The tensors of one `[rows, cols]` matrix: (name suffix, dtype, shape), weights first.
+    fn tensors(self, rows: usize, cols: usize) -> Vec<(&'static str, Dtype, Vec<usize>)> {
+        match self {
+            Encoding::Mxfp4 => vec![
+                ("weight_packed", Dtype::U8, vec![rows, cols / 2]),
+                ("weight_scale", Dtype::U8, vec![rows, cols / 32]),
+            ],
+            Encoding::Bf16 => vec![("weight", Dtype::Bf16, vec![rows, cols])],
+            Encoding::Fp8Block => vec![
+                ("weight", Dtype::F8E4M3, vec![rows, cols]),
+                (
+                    "weight_scale_inv",
+                    Dtype::F32,
+                    vec![rows.div_ceil(128), cols.div_ceil(128)],
+                ),
+            ],
+            Encoding::Int4Group => vec![
+                ("weight_packed", Dtype::I32, vec![rows, cols / 8]),
+                ("weight_scale", Dtype::Bf16, vec![rows, cols / 32]),
+            ],
+        }
+    }
+}
+
+/// An expert's three matrices: `y = down · act(gate x, up x)`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    Gate,
+    Up,
+    Down,
 }
 
 /// The tensor-name prefix of a family's layers.
 pub fn layer_prefix(family: Family) -> &'static str {
     match family {
         Family::KimiK3 => "language_model.model.",
-        Family::KimiLinear => "model.",
+        Family::KimiLinear | Family::DeepseekV3 => "model.",
+    }
+}
+
+/// The MoE block's name inside a layer (`{layer_prefix}layers.{l}.{moe_prefix}gate.weight`, ...).
+pub fn moe_prefix(family: Family) -> &'static str {
+    match family {
+        Family::KimiK3 | Family::KimiLinear => "block_sparse_moe.",
+        Family::DeepseekV3 => "mlp.",
+    }
+}
+
+/// A routed expert matrix's name (K3 and Kimi Linear: w1/w3/w2; DeepSeek: gate/up/down_proj).
+fn role_name(family: Family, role: Role) -> &'static str {
+    match (family, role) {
+        (Family::DeepseekV3, Role::Gate) => "gate_proj",
+        (Family::DeepseekV3, Role::Up) => "up_proj",
+        (Family::DeepseekV3, Role::Down) => "down_proj",
+        (_, Role::Gate) => "w1",
+        (_, Role::Up) => "w3",
+        (_, Role::Down) => "w2",
     }
 }
 
@@ -30,8 +87,9 @@ pub fn is_routed_expert(name: &str) -> bool {
     name.contains(".experts.")
 }
 
-/// One expert record: its tensors in checkpoint order (w1, w2, w3; packed then scale for MXFP4), each at a
-/// fixed offset, so a record read in one piece is computed in place.
+/// One expert record: its tensors in checkpoint order, each at a fixed offset, so a record read in one piece
+/// is computed in place. K3 / Kimi Linear: w1, w2, w3 (packed then scale for MXFP4); DeepSeek-V3 as its
+/// released shards order them: weights (down, gate, up), then scales in the same order.
 #[derive(Debug)]
 pub struct ExpertRecord {
     pub encoding: Encoding,
@@ -39,6 +97,8 @@ pub struct ExpertRecord {
     pub width: usize,
     pub inter: usize,
     tensors: Vec<(String, Dtype, Vec<usize>)>,
+    /// Each tensor's matrix and its index among that matrix's tensors ([`Encoding::tensors`]).
+    roles: Vec<(Role, usize)>,
     /// (offset, length) of each tensor inside the record.
     parts: Vec<(usize, usize)>,
 }
@@ -46,43 +106,47 @@ pub struct ExpertRecord {
 impl ExpertRecord {
     pub fn new(cfg: &ModelConfig) -> Result<ExpertRecord> {
         let inter = cfg.moe.intermediate;
-        let (encoding, width) = match cfg.family {
-            Family::KimiK3 => (Encoding::Mxfp4, cfg.moe.latent.unwrap_or(cfg.hidden)),
-            Family::KimiLinear => (Encoding::Bf16, cfg.hidden),
+        let (encoding, width) = match (cfg.family, cfg.quant) {
+            (Family::KimiK3, _) => (Encoding::Mxfp4, cfg.moe.latent.unwrap_or(cfg.hidden)),
+            (_, Quant::Fp8Block) => (Encoding::Fp8Block, cfg.hidden),
+            (_, Quant::Int4Experts) => (Encoding::Int4Group, cfg.hidden),
+            (_, Quant::None) => (Encoding::Bf16, cfg.hidden),
         };
-        if !width.is_multiple_of(32) || !inter.is_multiple_of(32) {
+        let grouped = matches!(encoding, Encoding::Mxfp4 | Encoding::Int4Group);
+        if grouped && (!width.is_multiple_of(32) || !inter.is_multiple_of(32)) {
             bail!(
-                "expert widths {width} and {inter} must be multiples of 32 (the MXFP4 group size)"
+                "expert widths {width} and {inter} must be multiples of 32 (the {encoding:?} group size)"
             );
         }
-        let shapes = [
-            ("w1", inter, width),
-            ("w2", width, inter),
-            ("w3", inter, width),
+        let family = cfg.family;
+        let mut matrices = [
+            (Role::Gate, inter, width),
+            (Role::Down, width, inter),
+            (Role::Up, inter, width),
         ];
-        let tensors: Vec<(String, Dtype, Vec<usize>)> = match encoding {
-            Encoding::Mxfp4 => shapes
-                .iter()
-                .flat_map(|&(w, rows, cols)| {
-                    [
-                        (
-                            format!("{w}.weight_packed"),
-                            Dtype::U8,
-                            vec![rows, cols / 2],
-                        ),
-                        (
-                            format!("{w}.weight_scale"),
-                            Dtype::U8,
-                            vec![rows, cols / 32],
-                        ),
-                    ]
-                })
-                .collect(),
-            Encoding::Bf16 => shapes
-                .iter()
-                .map(|&(w, rows, cols)| (format!("{w}.weight"), Dtype::Bf16, vec![rows, cols]))
-                .collect(),
-        };
+        if family == Family::DeepseekV3 {
+            matrices.sort_by_key(|m| role_name(family, m.0));
+        }
+        let mut tensors = Vec::new();
+        let mut roles = Vec::new();
+        for &(role, rows, cols) in &matrices {
+            for (k, (suffix, dtype, shape)) in encoding.tensors(rows, cols).into_iter().enumerate()
+            {
+                tensors.push((
+                    format!("{}.{suffix}", role_name(family, role)),
+                    dtype,
+                    shape,
+                ));
+                roles.push((role, k));
+            }
+        }
+        if family == Family::DeepseekV3 {
+            // Weights first, then scales (a stable sort keeps the matrices' order).
+            let mut order: Vec<usize> = (0..tensors.len()).collect();
+            order.sort_by_key(|&i| roles[i].1);
+            tensors = order.iter().map(|&i| tensors[i].clone()).collect();
+            roles = order.iter().map(|&i| roles[i]).collect();
+        }
         let mut parts = Vec::new();
         let mut at = 0;
         for (_, dtype, shape) in &tensors {
@@ -95,6 +159,7 @@ impl ExpertRecord {
             width,
             inter,
             tensors,
+            roles,
             parts,
         })
     }
@@ -115,10 +180,16 @@ impl ExpertRecord {
         self.parts[i]
     }
 
+    /// (offset, length) of tensor `k` of matrix `role` ([`Encoding`]: weights, then scales).
+    pub fn tensor(&self, role: Role, k: usize) -> (usize, usize) {
+        let i = self.roles.iter().position(|&r| r == (role, k));
+        self.parts[i.expect("every encoding has the tensors it lists")]
+    }
+
     /// Where every expert of every MoE layer lives in the checkpoint (empty lists for dense layers), checking
     /// each tensor's dtype and shape. Consecutive tensors merge into one extent: one read per K3 expert.
     pub fn locate(&self, ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<RecordLoc>>> {
-        let prefix = layer_prefix(cfg.family);
+        let (prefix, moe) = (layer_prefix(cfg.family), moe_prefix(cfg.family));
         (0..cfg.num_layers)
             .map(|l| {
                 if cfg.is_dense(l) {
@@ -128,8 +199,7 @@ impl ExpertRecord {
                     .map(|e| {
                         let mut extents: Vec<Extent> = Vec::new();
                         for (name, dtype, shape) in &self.tensors {
-                            let full =
-                                format!("{prefix}layers.{l}.block_sparse_moe.experts.{e}.{name}");
+                            let full = format!("{prefix}layers.{l}.{moe}experts.{e}.{name}");
                             let info = ck.expect(&full, &[*dtype], shape)?;
                             match extents.last_mut() {
                                 Some(x)
