@@ -178,3 +178,15 @@ fn cli_run_generates_the_golden_tokens() {
         .collect();
     assert_eq!(tokens, generated);
 }
+
+/// The CUDA backend does not compute this family yet: it says so before touching a GPU.
+#[test]
+fn cuda_refuses_the_family_with_a_clear_error() {
+    let dir = fixture("deepseek_v3_tiny_bf16");
+    let opts = deltafin_cuda::CudaOptions::default();
+    let e = match deltafin_cuda::CudaModel::load(&dir, &LoadOptions::default(), &opts) {
+        Ok(_) => panic!("CUDA loaded a DeepSeek-V3 checkpoint"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("not yet on CUDA; use --device cpu"), "{e}");
+}

@@ -97,7 +97,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
 
 fn rope(root: &Map<String, Value>) -> Result<Rope> {
     let theta = f32_field(root, "rope_theta")? as f64;
-    if !(theta > 1.0 && theta.is_finite()) {
+    if theta.is_nan() || theta <= 1.0 || theta.is_infinite() {
         bail!("field `rope_theta` is {theta}; it must be a finite number above 1");
     }
     let yarn = match root.get("rope_scaling") {
@@ -132,11 +132,9 @@ fn rope(root: &Map<String, Value>) -> Result<Rope> {
                 mscale: num("mscale", 0.0)?,
                 mscale_all_dim: num("mscale_all_dim", 0.0)?,
             };
-            if !(y.factor >= 1.0) {
-                bail!(
-                    "field `rope_scaling.factor` is {}; it must be at least 1",
-                    y.factor
-                );
+            if y.factor.is_nan() || y.factor < 1.0 {
+                let found = s.get("factor").unwrap_or(&Value::Null);
+                bail!("field `rope_scaling.factor` must be a number of at least 1, found {found}");
             }
             if y.original_max_position == 0 || y.beta_fast <= 0.0 || y.beta_slow <= 0.0 {
                 bail!("fields `rope_scaling.original_max_position_embeddings`, `beta_fast` and `beta_slow` must be positive");
