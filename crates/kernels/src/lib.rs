@@ -322,7 +322,11 @@ fn detected_path() -> Path {
     static DETECTED: OnceLock<Path> = OnceLock::new();
     *DETECTED.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // F16C (the FP8 decoder's exact e4m3 widening) came before AVX2: every AVX2 CPU has it.
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             return Path::Avx2Fma;
         }
         #[cfg(target_arch = "aarch64")]
@@ -451,7 +455,7 @@ fn matmul_rows(
     };
     match path {
         Path::Scalar => scalar::matmul_rows(w, x, n, range, emit),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -514,7 +518,7 @@ fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y:
     }
     let run = |first_col: usize, y: &mut [f32]| match path {
         Path::Scalar => scalar::matvec_t(data, cols, x, first_col, y),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -545,7 +549,7 @@ fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: slices of different lengths");
     match path {
         Path::Scalar => scalar::dot(a, b),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::dot(a, b) },
         // SAFETY: this path is only chosen when the CPU has NEON.
