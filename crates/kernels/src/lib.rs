@@ -1,6 +1,6 @@
 //! CPU kernels for deltafin: products of f32 activations with BF16, MXFP4, FP8 (128×128 block scales) or
-//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or NEON (AArch64) where the CPU has it and
-//! a scalar path elsewhere.
+//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or
+//! NEON (AArch64) where the CPU has it and a scalar path elsewhere.
 //!
 //! # Fixed reduction order
 //!
@@ -21,11 +21,11 @@
 //! row dequantised to f32:
 //! - MXFP4: `e2m1(nibble) * 2^(s-127)`, exact (or ±inf when s >= 253).
 //! - INT4: `(nibble - 8) * bf16(scale)`, exact (4 × 8 significant bits; ±inf past f32's range).
-//! - FP8: `e4m3(byte) * scale_inv`, one rounding (4 × 24 significant bits; exact for the released
-//!   checkpoints' scales with few bits). Scaling each weight, rather than a 128-column block's partial
+//! - FP8: `e4m3(byte) * scale_inv`, one rounding (4 × 24 significant bits; exact when the scale has
+//!   few, as in the tiny fixtures). Scaling each weight, rather than a 128-column block's partial
 //!   sum, keeps the one reduction order above for every encoding and works for partial blocks and any
 //!   split of the columns into lanes; the rounding costs at most 2^-24 relative per weight, below the
-//!   sum's own rounding, and the extra multiply per weight is hidden behind the memory traffic.
+//!   sum's own rounding, for one multiply per weight.
 //!
 //! [`matvec_t_bf16`] has no lanes: each output column sums over rows in increasing order,
 //! `y[c] = fma(W[r,c], x[r], y[c])` starting from +0.0, so it vectorises across columns without
