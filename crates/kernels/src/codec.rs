@@ -108,8 +108,9 @@ pub fn e4m3_to_f32(byte: u8) -> f32 {
 
 /// The seven magnitude bits of an e4m3 byte moved to f32 bits 20..27 (the three mantissa bits at the top of
 /// f32's mantissa) read as the e4m3 value times 2^-120: the exponent biases are 7 and 127, and e4m3
-/// subnormals land on f32 subnormals of the same mantissa. Multiplying by this restores the value exactly;
-/// the SIMD decoders do the same bit moves and multiplication, so every path decodes alike.
+/// subnormals land on f32 subnormals of the same mantissa. Multiplying by this restores the value exactly.
+/// The NEON decoder does the same; the AVX2 one goes through fp16 instead, as x86 slows down on f32
+/// subnormals. Either way the decoded value is exact, so every path decodes alike.
 pub(crate) const E4M3_RESCALE: f32 = f32::from_bits((127 + 120) << 23);
 /// The magnitude bits of a decoded e4m3 byte in their f32 position, and their NaN pattern.
 pub(crate) const E4M3_MAGNITUDE: u32 = 0x7F << 20;

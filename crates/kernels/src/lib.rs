@@ -1,6 +1,6 @@
 //! CPU kernels for deltafin: products of f32 activations with BF16, MXFP4, FP8 (128×128 block scales) or
-//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or NEON (AArch64) where the CPU has it and
-//! a scalar path elsewhere.
+//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or
+//! NEON (AArch64) where the CPU has it and a scalar path elsewhere.
 //!
 //! # Fixed reduction order
 //!
@@ -21,11 +21,11 @@
 //! row dequantised to f32:
 //! - MXFP4: `e2m1(nibble) * 2^(s-127)`, exact (or ±inf when s >= 253).
 //! - INT4: `(nibble - 8) * bf16(scale)`, exact (4 × 8 significant bits; ±inf past f32's range).
-//! - FP8: `e4m3(byte) * scale_inv`, one rounding (4 × 24 significant bits; exact for the released
-//!   checkpoints' scales with few bits). Scaling each weight, rather than a 128-column block's partial
+//! - FP8: `e4m3(byte) * scale_inv`, one rounding (4 × 24 significant bits; exact when the scale has
+//!   few, as in the tiny fixtures). Scaling each weight, rather than a 128-column block's partial
 //!   sum, keeps the one reduction order above for every encoding and works for partial blocks and any
 //!   split of the columns into lanes; the rounding costs at most 2^-24 relative per weight, below the
-//!   sum's own rounding, and the extra multiply per weight is hidden behind the memory traffic.
+//!   sum's own rounding, for one multiply per weight.
 //!
 //! [`matvec_t_bf16`] has no lanes: each output column sums over rows in increasing order,
 //! `y[c] = fma(W[r,c], x[r], y[c])` starting from +0.0, so it vectorises across columns without
@@ -322,7 +322,11 @@ fn detected_path() -> Path {
     static DETECTED: OnceLock<Path> = OnceLock::new();
     *DETECTED.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // F16C (the FP8 decoder's exact e4m3 widening) came before AVX2: every AVX2 CPU has it.
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             return Path::Avx2Fma;
         }
         #[cfg(target_arch = "aarch64")]
@@ -451,7 +455,7 @@ fn matmul_rows(
     };
     match path {
         Path::Scalar => scalar::matmul_rows(w, x, n, range, emit),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -514,7 +518,7 @@ fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y:
     }
     let run = |first_col: usize, y: &mut [f32]| match path {
         Path::Scalar => scalar::matvec_t(data, cols, x, first_col, y),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -545,7 +549,7 @@ fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: slices of different lengths");
     match path {
         Path::Scalar => scalar::dot(a, b),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::dot(a, b) },
         // SAFETY: this path is only chosen when the CPU has NEON.

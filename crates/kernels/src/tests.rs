@@ -350,9 +350,9 @@ struct TestMatrix {
 }
 
 /// FP8 scales with full 24-bit mantissas (the product with a weight rounds), and extremes: subnormal
-/// weights, and weights past f32's range.
+/// weights, weights past f32's range, and a scale whose 2^8 multiple overflows (AVX2's HUGE_SCALES).
 const FP8_SCALES: [f32; 4] = [1.7e-3, 3.1e-4, 0.0123, 0.31];
-const FP8_EXTREME_SCALES: [f32; 5] = [1e-40, 1e-30, 1.0, 3e35, 1e36];
+const FP8_EXTREME_SCALES: [f32; 5] = [1e-40, 1e-30, 1.0, 1e36, 3e36];
 /// INT4 scales (rounded to BF16), and extremes as for FP8.
 const INT4_SCALES: [f32; 4] = [0.003, 0.01, 0.05, 0.2];
 const INT4_EXTREME_SCALES: [f32; 4] = [1e-39, 1e-30, 1.0, 3e38];
