@@ -100,9 +100,14 @@ pub struct Source {
 impl Source {
     pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
         let cfg = ModelConfig::from_dir(dir)?;
-        if cfg.family == Family::DeepseekV3 {
+        let family = match cfg.family {
+            Family::DeepseekV3 => Some("the DeepSeek-V3 / Kimi K2 family"),
+            Family::GptOss => Some("gpt-oss"),
+            Family::KimiK3 | Family::KimiLinear => None,
+        };
+        if let Some(family) = family {
             bail!(
-                "{}: the DeepSeek-V3 / Kimi K2 family is not yet on CUDA; use --device cpu",
+                "{}: {family} is not yet on CUDA; use --device cpu",
                 dir.display()
             );
         }
@@ -212,12 +217,6 @@ impl CudaModel {
                     record: layout,
                 },
         } = Source::open(dir, load)?;
-        if cfg.family == Family::GptOss {
-            bail!(
-                "{}: gpt-oss is not yet on CUDA; use --device cpu",
-                dir.display()
-            );
-        }
         let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
         if values > MIX_VALUES {
             bail!(
