@@ -113,3 +113,58 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<Rope> {
         yarn: Some(yarn),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read(v: Value) -> Result<Rope> {
+        parse(v.as_object().unwrap())
+    }
+
+    #[test]
+    fn reads_transformers_fields_and_defaults() {
+        // DeepSeek-V3's form: `type`, mscale fields, truncate left to its default.
+        let r = read(
+            json!({"rope_theta": 10000, "rope_scaling": {"type": "yarn", "factor": 40,
+            "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707}}),
+        )
+        .unwrap();
+        let y = r.yarn.unwrap();
+        assert_eq!(
+            (r.theta, y.factor, y.beta_fast, y.beta_slow),
+            (10000.0, 40.0, 32.0, 1.0)
+        );
+        assert_eq!(
+            (y.mscale, y.mscale_all_dim, y.truncate),
+            (Some(1.0), Some(0.707), true)
+        );
+        // transformers 5's `rope_parameters`, theta inside it; "default" is plain RoPE.
+        let r =
+            read(json!({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})).unwrap();
+        assert_eq!((r.theta, r.yarn), (5e5, None));
+        assert_eq!(read(json!({"rope_theta": 1e4})).unwrap().yarn, None);
+    }
+
+    #[test]
+    fn refuses_what_it_does_not_implement_by_name() {
+        let e = |v: Value| format!("{:#}", read(v).unwrap_err());
+        let yarn = |extra: (&str, Value)| {
+            let mut s =
+                json!({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64});
+            s[extra.0] = extra.1;
+            json!({"rope_theta": 1e4, "rope_scaling": s})
+        };
+        assert!(e(yarn(("attention_factor", json!(1.5))))
+            .contains("`rope_scaling.attention_factor` is set"));
+        assert!(e(yarn(("factor", json!(0.5)))).contains("factor 0.5"));
+        assert!(e(yarn(("beta_fast", json!(-1)))).contains("`rope_scaling.beta_fast` is -1"));
+        assert!(e(yarn(("truncate", json!("no"))))
+            .contains("`rope_scaling.truncate` must be true or false"));
+        assert!(e(yarn(("rope_type", json!("dynamic"))))
+            .contains("`rope_scaling.rope_type` is \"dynamic\""));
+        assert!(e(json!({"rope_theta": 0.5})).contains("`rope_theta` is 0.5"));
+        assert!(e(json!({})).contains("missing field `rope_theta`"));
+    }
+}
