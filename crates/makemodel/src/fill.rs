@@ -51,7 +51,7 @@ pub fn fill(rng: &mut ChaCha8Rng, init: Init, dtype: Dtype, count: usize) -> Vec
     let mut push = |x: f32| match dtype {
         Dtype::Bf16 => out.extend_from_slice(&f32_to_bf16(x).to_le_bytes()),
         Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
-        Dtype::U8 => unreachable!("floating-point init for a U8 tensor"),
+        other => unreachable!("floating-point init for a {} tensor", other.name()),
     };
     match init {
         Init::Normal(std) => (0..count).for_each(|_| push(std * standard_normal(rng))),
