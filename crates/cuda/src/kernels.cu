@@ -314,9 +314,14 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] = fold_lanes(acc[t]);
         if (lane == 0 && r < rows) {
-            int p = 0;
-            while (p < 5 && r >= (int)split.off[p + 1]) p++;
-            int s0 = (int)split.off[p], len = (p < 5 ? (int)split.off[p + 1] : rows) - s0;
+            // One row (T == 1): o is r whatever the split, so a decode step's epilogue does not search it.
+            int s0 = 0, len = rows;
+            if (T > 1) {
+                int p = 0;
+                while (p < 5 && r >= (int)split.off[p + 1]) p++;
+                s0 = (int)split.off[p];
+                len = (p < 5 ? (int)split.off[p + 1] : rows) - s0;
+            }
             for (int t = 0; t < nt; t++) {
                 size_t o = (size_t)n * s0 + (size_t)(t0 + t) * len + (r - s0);
                 float v = add ? acc[t] + add[o] : acc[t];
