@@ -202,6 +202,12 @@ __device__ __forceinline__ void dot4_bf16(const u16* w, const float* x, int xs, 
 }
 
 #define TILE 4
+// matmul_bf16's largest x tile: a checking pass of up to eight rows streams each weight row once (its one
+// accumulator a row per lane is cheap, unlike mlp_rows' eight).
+#define MM_TILE 8
+
+// Six offsets passed by value: an MXFP4 record's tensors (bytes), or the parts of a fused matrix (rows).
+struct Parts { u64 off[6]; };
 
 // Copies `len` floats (len % 4 == 0, 16-byte aligned) into shared memory with the whole block; barriers on both
 // sides (the previous readers are done, the copy is complete).
@@ -244,12 +250,14 @@ __device__ __forceinline__ void mm_piece(uint4* dst, const uint4* w, int p, int 
 // tile's x rows are staged in shared memory first (read by every warp; from global memory each block would wait on
 // a miss). Dynamic shared memory: each warp's ring, then tile · cols floats. Prologue: with norm_w, each staged x
 // row is RMS-normalised in shared memory exactly as rms_row does it (the norm fused into its consumer). Epilogue,
-// as the CPU adds: v = W[r]·x[t], plus add[t*rows + r] when add is given; then y = v, or y += v with `accumulate`
-// (residual adds fused).
+// as the CPU adds: v = W[r]·x[t], plus add[o] when add is given; then y[o] = v, or y[o] += v with `accumulate`
+// (residual adds fused). Output index o: W may be several matrices back to back (split.off: each part's first
+// row, the unused ones = rows); part p's outputs lie together, [n][its rows], from n · off[p] on, so one launch
+// serves every part and a one-part matrix is plain [n][rows].
 template <int T>
 __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float* y, int rows, int cols, int n,
                                             int tile, const float* norm_w, float eps, const float* add,
-                                            int accumulate) {
+                                            int accumulate, Parts split) {
     extern __shared__ uint4 dyn[];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int chunks = cols / 8, pieces = (chunks + 255) / 256;
@@ -268,9 +276,9 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
         pdl_wait();  // the first tile's weights are in flight; x and y belong to earlier kernels
         stage_x(xs, x + (size_t)t0 * cols, nt * cols);
         if (norm_w) {
-            if (warp < nt) {
-                float ss = warp_dot(xs + warp * cols, xs + warp * cols, cols, lane);
-                if (lane == 0) inv[warp] = inv_rms(ss, cols, eps);
+            for (int t = warp; t < nt; t += warps) {
+                float ss = warp_dot(xs + t * cols, xs + t * cols, cols, lane);
+                if (lane == 0) inv[t] = inv_rms(ss, cols, eps);
             }
             __syncthreads();
             for (int t = 0; t < nt; t++) {
@@ -305,24 +313,34 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
         }
 #pragma unroll
         for (int t = 0; t < T; t++) acc[t] = fold_lanes(acc[t]);
-        if (lane == 0 && r < rows)
+        if (lane == 0 && r < rows) {
+            // One row (T == 1): o is r whatever the split, so a decode step's epilogue does not search it.
+            int s0 = 0, len = rows;
+            if (T > 1) {
+                int p = 0;
+                while (p < 5 && r >= (int)split.off[p + 1]) p++;
+                s0 = (int)split.off[p];
+                len = (p < 5 ? (int)split.off[p + 1] : rows) - s0;
+            }
             for (int t = 0; t < nt; t++) {
-                size_t o = (size_t)(t0 + t) * rows + r;
+                size_t o = (size_t)n * s0 + (size_t)(t0 + t) * len + (r - s0);
                 float v = add ? acc[t] + add[o] : acc[t];
                 y[o] = accumulate ? y[o] + v : v;
             }
+        }
     }
 }
 
 extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, int rows, int cols, int n, int tile,
-                                       const float* norm_w, float eps, const float* add, int accumulate) {
+                                       const float* norm_w, float eps, const float* add, int accumulate,
+                                       Parts split) {
     pdl_launch_next();
     int warps = blockDim.x >> 5;
     prefetch_l2(W + (size_t)blockIdx.x * warps * cols, 2 * (size_t)min(warps, rows - (int)blockIdx.x * warps) * cols);
     if (n == 1)
-        matmul_rows<1>(W, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate);
+        matmul_rows<1>(W, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate, split);
     else
-        matmul_rows<TILE>(W, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate);
+        matmul_rows<MM_TILE>(W, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate, split);
 }
 
 // out[t*rows + r] = act(G[r] . x[t], U[r] . x[t]): a gated MLP's first half, fused. Eight threads per row:
@@ -737,8 +755,6 @@ __device__ __forceinline__ void mx_frag(u32 w, u32* a) {
     a[2] = ((w & 0x20382038u) * 68u) & 0x8e008e00u;
     a[3] = ((w & 0x40074007u) * 514u) & 0x8e008e00u;
 }
-
-struct Parts { u64 off[6]; };
 
 // One 32-row group (blockIdx.x) of one tensor (blockIdx.y: w1p w1s w2p w2s w3p w3s) of an MXFP4 record, in
 // place, into the device layout. Dynamic shared memory: the group, 16 · max(width, inter) bytes.

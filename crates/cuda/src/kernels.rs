@@ -112,10 +112,19 @@ kernel! {
         eps: f32,
         add: DevPtr<f32>,
         accumulate: bool,
+        /// The first row of each matrix fused in `w` (see `MatmulBf16::whole`), the unused ones `rows`.
+        split: [u64; 6],
     }
 }
 
 impl MatmulBf16 {
+    /// The split of a matrix that is one part.
+    pub(crate) fn whole(rows: usize) -> [u64; 6] {
+        let mut split = [rows as u64; 6];
+        split[0] = 0;
+        split
+    }
+
     /// A warp per row, four a block (a 512-row matrix then spreads over 128 SMs); shared memory: each warp's
     /// ring of 4 KB pieces (as many as a row has, at most four), then the x rows of a tile.
     pub(crate) fn go(self, gpu: &Gpu, on: On) -> Result<()> {

@@ -24,10 +24,10 @@ pub fn matmul_ring_bytes(cols: usize) -> usize {
     4 * cols.div_ceil(2048).clamp(1, 4) * 4096
 }
 
-/// How many x rows (at most four) a `matmul_bf16` block stages for a `cols`-column matrix within `smem` bytes
-/// of dynamic shared memory; `None` when not even one fits.
+/// How many x rows (at most eight, kernels.cu's MM_TILE) a `matmul_bf16` block stages for a `cols`-column
+/// matrix within `smem` bytes of dynamic shared memory; `None` when not even one fits.
 pub fn matmul_tile(smem: usize, cols: usize) -> Option<usize> {
-    let tile = (smem.saturating_sub(matmul_ring_bytes(cols)) / (4 * cols)).min(4);
+    let tile = (smem.saturating_sub(matmul_ring_bytes(cols)) / (4 * cols)).min(8);
     (tile > 0).then_some(tile)
 }
 
@@ -183,14 +183,14 @@ mod tests {
     fn matmul_tiles_shrink_to_what_shared_memory_holds() {
         // An H200 block may opt in to 227 KB.
         let h200 = 232_448;
-        assert_eq!(matmul_tile(h200, 512), Some(4));
-        assert_eq!(matmul_tile(h200, 7168), Some(4));
+        assert_eq!(matmul_tile(h200, 512), Some(8));
+        assert_eq!(matmul_tile(h200, 7168), Some(5));
         assert_eq!(matmul_tile(h200, 18_432), Some(2));
         // K3's dense down-projection (33,792 columns): one row at a time.
         assert_eq!(matmul_tile(h200, 33_792), Some(1));
         assert_eq!(matmul_tile(h200, 60_000), None);
         // A 48 KB GPU: short rows fit, 7,168 columns (a full 64 KB ring) do not.
-        assert_eq!(matmul_tile(48 * 1024, 512), Some(4));
+        assert_eq!(matmul_tile(48 * 1024, 512), Some(8));
         assert_eq!(matmul_tile(48 * 1024, 7168), None);
     }
 

@@ -26,6 +26,8 @@ pub(super) struct Mm {
     pub(super) accumulate: bool,
     /// On the side stream.
     pub(super) side: bool,
+    /// Where the parts of a fused matrix begin (`MatmulBf16::split`); none: one matrix.
+    pub(super) split: Option<[u64; 6]>,
 }
 
 impl CudaModel {
@@ -46,9 +48,8 @@ impl CudaModel {
         Ok(y)
     }
 
-    /// `parts` times x, the parts fused back to back in `fused`: for one row a single matmul, whose output holds
-    /// the parts' outputs in order; otherwise one per part. Returns each part's output ([n][rows]). x is
-    /// normalised first with `norm` when given.
+    /// `parts` times x, the parts fused back to back in `fused`, as one matmul whose output holds each part's
+    /// output ([n][its rows]) in order. Returns where each lies. x is normalised first with `norm` when given.
     pub(super) fn mm_parts(
         &self,
         a: &Arena,
@@ -58,21 +59,27 @@ impl CudaModel {
         n: usize,
         norm: Option<(DevPtr<f32>, f32)>,
     ) -> Result<Vec<DevPtr<f32>>> {
+        let mut split = MatmulBf16::whole(fused.rows);
+        if parts.len() > split.len() {
+            bail!(
+                "internal: {} matrices fused into one matmul (at most 6)",
+                parts.len()
+            );
+        }
+        let mut at = 0;
+        for (s, p) in split.iter_mut().zip(parts) {
+            *s = at as u64;
+            at += p.rows;
+        }
         let mm = Mm {
             norm,
+            split: Some(split),
             ..Mm::default()
         };
-        if n > 1 {
-            return parts.iter().map(|p| self.mm_with(a, p, x, n, mm)).collect();
-        }
-        let mut at = self.mm_with(a, fused, x, 1, mm)?;
-        Ok(parts
+        let y = self.mm_with(a, fused, x, n, mm)?;
+        Ok(split[..parts.len()]
             .iter()
-            .map(|p| {
-                let o = at;
-                at = at.byte_add(4 * p.rows as u64);
-                o
-            })
+            .map(|&s| y.byte_add(4 * n as u64 * s))
             .collect())
     }
 
@@ -85,7 +92,7 @@ impl CudaModel {
         mm: Mm,
     ) -> Result<()> {
         let (norm_w, eps) = mm.norm.unwrap_or((DevPtr::NULL, 0.0));
-        // The x rows of a tile: as many as fit, at most four.
+        // The x rows of a tile: as many as fit, at most eight.
         let smem = self.gpu.dynamic_smem("matmul_bf16");
         let Some(tile) = matmul_tile(smem, w.cols) else {
             bail!(
@@ -107,6 +114,7 @@ impl CudaModel {
             eps,
             add: mm.add,
             accumulate: mm.accumulate,
+            split: mm.split.unwrap_or(MatmulBf16::whole(w.rows)),
         }
         .go(&self.gpu, if mm.side { On::Side } else { On::Compute })
     }
