@@ -22,32 +22,33 @@ pub enum Dtype {
     Bf16,
     F32,
     U8,
+    /// FP8 e4m3 (DeepSeek-V3's released weights).
+    F8E4M3,
+    /// compressed-tensors' packed INT4 words and their `weight_shape`.
+    I32,
+    I64,
 }
 
 impl Dtype {
-    /// The safetensors spelling ("BF16", "F32", "U8").
+    const ALL: [(Dtype, &'static str, usize); 6] = [
+        (Dtype::Bf16, "BF16", 2),
+        (Dtype::F32, "F32", 4),
+        (Dtype::U8, "U8", 1),
+        (Dtype::F8E4M3, "F8_E4M3", 1),
+        (Dtype::I32, "I32", 4),
+        (Dtype::I64, "I64", 8),
+    ];
+
+    /// The safetensors spelling ("BF16", "F32", "U8", "F8_E4M3", ...).
     pub fn name(self) -> &'static str {
-        match self {
-            Dtype::Bf16 => "BF16",
-            Dtype::F32 => "F32",
-            Dtype::U8 => "U8",
-        }
+        Self::ALL.iter().find(|d| d.0 == self).map_or("", |d| d.1)
     }
 
     pub fn size(self) -> usize {
-        match self {
-            Dtype::Bf16 => 2,
-            Dtype::F32 => 4,
-            Dtype::U8 => 1,
-        }
+        Self::ALL.iter().find(|d| d.0 == self).map_or(0, |d| d.2)
     }
 
     pub fn from_name(name: &str) -> Option<Dtype> {
-        match name {
-            "BF16" => Some(Dtype::Bf16),
-            "F32" => Some(Dtype::F32),
-            "U8" => Some(Dtype::U8),
-            _ => None,
-        }
+        Self::ALL.iter().find(|d| d.1 == name).map(|d| d.0)
     }
 }
