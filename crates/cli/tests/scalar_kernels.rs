@@ -8,9 +8,24 @@ use deltafin_models::{Backend, LogitRows, Model, Stats};
 
 #[test]
 fn scalar_and_simd_kernels_give_identical_logits() {
-    for arch in [Arch::KimiK3, Arch::KimiLinear] {
-        let t = tiny(arch, 6);
-        let model = Model::load(&model_dir(&t)).unwrap();
+    let made: Vec<_> = [Arch::KimiK3, Arch::KimiLinear]
+        .into_iter()
+        .map(|arch| (format!("{arch:?}"), tiny(arch, 6)))
+        .collect();
+    let mut dirs: Vec<(String, std::path::PathBuf)> = made
+        .iter()
+        .map(|(n, t)| (n.clone(), model_dir(t)))
+        .collect();
+    // DeepSeek-V3 in BF16 and FP8, Kimi K2 with INT4 experts (tails of width 144, partial FP8 blocks).
+    for f in [
+        "deepseek_v3_tiny_bf16",
+        "deepseek_v3_tiny_fp8",
+        "kimi_k2_tiny_int4",
+    ] {
+        dirs.push((f.into(), repo_root().join("tests/fixtures").join(f)));
+    }
+    for (arch, dir) in dirs {
+        let model = Model::load(&dir).unwrap();
         let run = || {
             let mut s = model.new_session();
             model
@@ -29,7 +44,7 @@ fn scalar_and_simd_kernels_give_identical_logits() {
         deltafin_kernels::set_force_scalar(false);
         assert!(
             simd == scalar,
-            "{arch:?}: {} and scalar kernels differ",
+            "{arch}: {} and scalar kernels differ",
             deltafin_kernels::isa()
         );
     }

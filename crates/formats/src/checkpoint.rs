@@ -238,7 +238,7 @@ fn tensor_infos(
         let dtype_name = format!("{:?}", info.dtype);
         let dtype = Dtype::from_name(&dtype_name).with_context(|| {
             format!(
-                "tensor `{name}` in {} has dtype {dtype_name}; deltafin reads BF16, F32 and U8",
+                "tensor `{name}` in {} has dtype {dtype_name}; deltafin reads BF16, F32, U8, F8_E4M3, I32 and I64",
                 path.display()
             )
         })?;

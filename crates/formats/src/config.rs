@@ -6,9 +6,13 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{Map, Value};
-mod gpt_oss;
-pub use gpt_oss::{GqaConfig, RopeConfig, YarnConfig};
 use std::path::Path;
+
+mod deepseek;
+mod gpt_oss;
+mod rope;
+pub use gpt_oss::GqaConfig;
+pub use rope::{Rope, Yarn};
 
 /// The model families deltafin computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +24,20 @@ pub enum Family {
     /// gpt-oss: GQA with sinks (sliding and full layers), YaRN RoPE, a biased softmax router, MXFP4 experts
     /// with biases and a clamped SwiGLU.
     GptOss,
+    /// DeepSeek-V3 and Kimi K2: plain residuals, MLA with q LoRA and interleaved YaRN RoPE, grouped
+    /// noaux_tc router, SiLU experts; BF16, FP8 or INT4 (routed experts) weights.
+    DeepseekV3,
+}
+
+/// How the linear weights are stored (`quantization_config`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    /// No quantization_config: BF16 (K3's and gpt-oss's MXFP4 experts are implied by their family).
+    None,
+    /// DeepSeek-V3's FP8: e4m3 `weight` with F32 `weight_scale_inv` per 128×128 block.
+    Fp8Block,
+    /// K2 Thinking: compressed-tensors pack-quantized INT4 routed experts (symmetric, group 32).
+    Int4Experts,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -53,6 +71,9 @@ pub struct MoeConfig {
     pub shared_width: usize,
     pub routed_scaling_factor: f32,
     pub renormalize: bool,
+    /// Expert groups (`n_group`, consecutive experts) and how many the router keeps (`topk_group`).
+    pub groups: usize,
+    pub topk_group: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -72,6 +93,9 @@ pub struct ModelConfig {
     pub moe: MoeConfig,
     /// K3's AttnRes block size; `None` for plain residuals.
     pub attn_res_block: Option<usize>,
+    /// The rotary embedding (DeepSeek-V3's MLA, gpt-oss's GQA); `None`: NoPE.
+    pub rope: Option<Rope>,
+    pub quant: Quant,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     /// gpt-oss's attention (every layer); `None` for the KDA/MLA families.
@@ -104,8 +128,9 @@ impl ModelConfig {
             "kimi_k3" => parse_k3(root),
             "kimi_linear" => parse_kimi_linear(root),
             "gpt_oss" => gpt_oss::parse(root),
+            "deepseek_v3" | "kimi_k2" => deepseek::parse(root),
             other => bail!(
-                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\" and \"gpt_oss\""
+                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\", \"gpt_oss\", \"deepseek_v3\" and \"kimi_k2\""
             ),
         }
     }
@@ -228,8 +253,12 @@ fn common(
             shared_width: shared * moe_intermediate,
             routed_scaling_factor: f32_field(text, "routed_scaling_factor")?,
             renormalize: bool_field(text, "moe_renormalize")?,
+            groups: 1,
+            topk_group: 1,
         },
         attn_res_block: None,
+        rope: None,
+        quant: Quant::None,
         bos_token_id: None,
         eos_token_id: None,
         gqa: None,
@@ -293,7 +322,8 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
             cfg.rms_norm_eps
         );
     }
-    if cfg.gqa.is_none() && cfg.kda.conv_kernel == 0 {
+    let has_kda = cfg.gqa.is_none() && cfg.is_mla.contains(&false);
+    if has_kda && cfg.kda.conv_kernel == 0 {
         bail!("field `short_conv_kernel_size` must be at least 1");
     }
     for (name, v) in [

@@ -1,9 +1,10 @@
-//! Weight bandwidth of `matmul` on a 4096x4096 matrix: GB/s of stored weight bytes per product, for
+//! Weight bandwidth of `matmul` on a 4096x4096 matrix in each encoding (BF16, MXFP4, FP8 with 128x128 block
+//! scales, INT4 with group-32 scales): GB/s of stored weight bytes (scales included) per product, for
 //! n = 1 (decode), n = 16 and n = 64 (prefill), on one thread and on the whole rayon pool.
 //!
 //! `cargo run -p deltafin-kernels --release --example bench [-- --scalar]`
 
-use deltafin_kernels::{codec::f32_to_bf16, isa, matmul, set_force_scalar, Matrix};
+use deltafin_kernels::{codec::f32_to_bf16, isa, matmul, set_force_scalar, Matrix, FP8_BLOCK};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::{Duration, Instant};
@@ -21,6 +22,17 @@ fn main() {
     let scales: Vec<u8> = (0..ROWS * COLS / 32)
         .map(|_| rng.gen_range(120..130))
         .collect();
+    // Every e4m3 byte but the NaNs (0x7f, 0xff).
+    let fp8: Vec<u8> = (0..ROWS * COLS)
+        .map(|_| rng.gen_range(0..0x7F) | (rng.gen::<u8>() & 0x80))
+        .collect();
+    let scale_inv: Vec<f32> = (0..(ROWS / FP8_BLOCK) * (COLS / FP8_BLOCK))
+        .map(|_| rng.gen_range(1e-4..1e-2))
+        .collect();
+    let int4: Vec<u8> = (0..ROWS * COLS / 2).map(|_| rng.gen()).collect();
+    let int4_scales: Vec<u16> = (0..ROWS * COLS / 32)
+        .map(|_| f32_to_bf16(rng.gen_range(1e-3..1e-1)))
+        .collect();
     let matrices = [
         (
             "bf16",
@@ -31,6 +43,16 @@ fn main() {
             "mxfp4",
             Matrix::mxfp4(&packed, &scales, ROWS, COLS).unwrap(),
             packed.len() + scales.len(),
+        ),
+        (
+            "fp8",
+            Matrix::fp8_block(&fp8, &scale_inv, ROWS, COLS).unwrap(),
+            fp8.len() + scale_inv.len() * 4,
+        ),
+        (
+            "int4",
+            Matrix::int4_group(&int4, &int4_scales, ROWS, COLS).unwrap(),
+            int4.len() + int4_scales.len() * 2,
         ),
     ];
     let all = rayon::current_num_threads();

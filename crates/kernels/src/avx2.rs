@@ -1,10 +1,11 @@
 //! The AVX2+FMA path. The 32 lanes of the crate's reduction order live in four `__m256` accumulators
 //! (lanes 0–7, 8–15, 16–23, 24–31), and [`fold`] performs exactly the scalar path's tree.
 //!
-//! Every function here is `unsafe` because it requires a CPU with AVX2 and FMA; callers check first.
+//! Every function here is `unsafe` because it requires a CPU with AVX2, FMA and F16C; callers check first.
 
+use crate::codec::bf16_to_f32;
 use crate::scalar::{add_rows_t, fma_tail};
-use crate::Matrix;
+use crate::{fp8_scale_row, Matrix, FP8_BLOCK};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -12,7 +13,7 @@ use std::ops::Range;
 /// Yields the weights of one matrix row as f32, eight at a time, so each vector is consumed by its fmas
 /// right away and the token block's accumulators keep the registers.
 trait RowDecoder {
-    /// What a 32-weight block needs decoded once (the MXFP4 scaled table).
+    /// What a 32-weight block needs decoded once (the MXFP4 scaled table, the FP8 and INT4 scale).
     type Block: Copy;
     unsafe fn block(&self, b: usize) -> Self::Block;
     /// Weights 32b+8j..32b+8j+8 of the row: lanes 8j..8j+8 of the crate's 32.
@@ -28,14 +29,14 @@ impl RowDecoder for Bf16Row {
     unsafe fn block(&self, _: usize) {}
 
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn eight(&self, _: (), b: usize, j: usize) -> __m256 {
         widen_bf16(self.0.add(b * 32 + j * 8))
     }
 }
 
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn widen_bf16(p: *const u16) -> __m256 {
     let halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(halves))
@@ -52,7 +53,7 @@ impl RowDecoder for Mxfp4Row {
     /// The eight magnitudes times the block scale (exact, so equal to scaling each weight), with the
     /// magnitude index m pre-XORed into bits 28..31: see `eight`.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block(&self, b: usize) -> __m256 {
         let magnitudes = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
         let scale = _mm256_broadcast_ss(&crate::codec::E8M0[usize::from(*self.scales.add(b))]);
@@ -73,7 +74,7 @@ impl RowDecoder for Mxfp4Row {
     }
 
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn eight(&self, table: __m256, b: usize, j: usize) -> __m256 {
         decode_eight(table, self.packed.add(b * 16 + j * 4))
     }
@@ -81,17 +82,129 @@ impl RowDecoder for Mxfp4Row {
 
 /// Eight MXFP4 weights from the four bytes at `p`.
 ///
-/// Lane i takes the word shifted right by 4i, so its low four bits are nibble i (little-endian: element
-/// i sits at bits 4i..4i+4); vpermps reads only the low three, the magnitude m. Shifting the lane left by
-/// 28 leaves exactly the nibble in bits 28..31; XORing it onto the table entry (which holds m there
-/// already) cancels m and sets the sign bit, which gives the signed weight in four instructions.
+/// vpermps reads only the low three bits of each lane of [`nibble_lanes`], the magnitude m. Shifting the
+/// lane left by 28 leaves exactly the nibble in bits 28..31; XORing it onto the table entry (which holds m
+/// there already) cancels m and sets the sign bit, which gives the signed weight in four instructions.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn decode_eight(table: __m256, p: *const u8) -> __m256 {
-    let word = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
-    let lanes = _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    let lanes = nibble_lanes(p);
     let entry = _mm256_permutevar8x32_ps(table, lanes);
     _mm256_xor_ps(entry, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(lanes)))
+}
+
+/// The little-endian word at `p` shifted right by 4i in lane i, so the lane's low four bits are nibble i
+/// (element i of eight packed MXFP4 or INT4 weights); the bits above are the following nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibble_lanes(p: *const u8) -> __m256i {
+    let word = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
+    _mm256_srlv_epi32(word, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28))
+}
+
+/// One FP8 row: its bytes, and the scales of its 128-row block. HUGE_SCALES when some scale times 2^8
+/// overflows: see `eight`.
+struct Fp8Row<const HUGE_SCALES: bool> {
+    data: *const u8,
+    scales: *const f32,
+}
+
+impl<const HUGE_SCALES: bool> Fp8Row<HUGE_SCALES> {
+    /// The decoder of row r of the FP8 matrix (data, scale_inv, cols).
+    fn at<'a>(
+        (data, scale_inv, cols): (&'a [u8], &'a [f32], usize),
+    ) -> impl Fn(usize) -> Self + 'a {
+        move |r| Fp8Row {
+            data: data[r * cols..].as_ptr(),
+            scales: fp8_scale_row(scale_inv, r, cols).as_ptr(),
+        }
+    }
+}
+
+impl<const HUGE_SCALES: bool> RowDecoder for Fp8Row<HUGE_SCALES> {
+    type Block = __m256;
+
+    /// The scale of the 128-column block holding 32-column block b, times 2^8 unless HUGE_SCALES. NaN
+    /// when one of the block's bytes is NaN: one NaN weight makes the row's sum NaN on every path, so
+    /// poisoning the whole block gives the same result for one test per 32 weights instead of one per 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(&self, b: usize) -> __m256 {
+        let magnitudes = _mm256_and_si256(
+            _mm256_loadu_si256(self.data.add(b * 32).cast()),
+            _mm256_set1_epi8(0x7F),
+        );
+        let nan = _mm256_cmpeq_epi8(magnitudes, _mm256_set1_epi8(0x7F));
+        let scale = *self.scales.add(b * 32 / FP8_BLOCK);
+        _mm256_set1_ps(if _mm256_movemask_epi8(nan) != 0 {
+            f32::NAN
+        } else if HUGE_SCALES {
+            scale
+        } else {
+            scale * 256.0
+        })
+    }
+
+    /// `e4m3 * scale` with one rounding, as the scalar decoder: (e4m3 × 2^-8, exact) × (scale × 2^8,
+    /// exact unless it overflows, which HUGE_SCALES rules out) is the same exact product.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn eight(&self, scale: __m256, b: usize, j: usize) -> __m256 {
+        let v = e4m3_times_2_pow_minus_8(self.data.add(b * 32 + j * 8));
+        if HUGE_SCALES {
+            _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(256.0)), scale)
+        } else {
+            _mm256_mul_ps(v, scale)
+        }
+    }
+}
+
+/// Whether an FP8 scale in rows `rows` times 2^8 overflows (never in real checkpoints: scale_inv is a
+/// block's largest magnitude / 448).
+fn huge_fp8_scales(scale_inv: &[f32], rows: Range<usize>, cols: usize) -> bool {
+    let block_cols = cols.div_ceil(FP8_BLOCK);
+    let blocks = rows.start / FP8_BLOCK * block_cols..rows.end.div_ceil(FP8_BLOCK) * block_cols;
+    scale_inv[blocks].iter().any(|s| (s * 256.0).is_infinite())
+}
+
+/// Eight e4m3 bytes at `p` times 2^-8, exactly, as f32 (no f32 subnormals, which cost ~4x here: the
+/// codec's 2^-120 form has them). Sign-extended and shifted left by 7, a byte has its magnitude at bits
+/// 7..14 and copies of its sign at 14..16; keeping the magnitude and bit 15 gives the fp16 of the same
+/// bits, whose exponent bias is 8 more than e4m3's and whose subnormals line up with e4m3's, so its value
+/// is the e4m3 value times 2^-8; vcvtph2ps widens it exactly. NaN bytes are the caller's: see `block`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn e4m3_times_2_pow_minus_8(p: *const u8) -> __m256 {
+    let halves = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(_mm_loadl_epi64(p.cast())));
+    _mm256_cvtph_ps(_mm_and_si128(halves, _mm_set1_epi16(0xBF80u16 as i16)))
+}
+
+/// One INT4 row: its packed nibbles and BF16 scales.
+struct Int4Row {
+    packed: *const u8,
+    scales: *const u16,
+}
+
+impl RowDecoder for Int4Row {
+    type Block = __m256;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(&self, b: usize) -> __m256 {
+        _mm256_set1_ps(bf16_to_f32(*self.scales.add(b)))
+    }
+
+    /// (nibble - 8) converted exactly to f32, times the scale: the codec's `INT4[nibble] * scale`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn eight(&self, scale: __m256, b: usize, j: usize) -> __m256 {
+        let nibbles = _mm256_and_si256(
+            nibble_lanes(self.packed.add(b * 16 + j * 4)),
+            _mm256_set1_epi32(0xF),
+        );
+        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(nibbles, _mm256_set1_epi32(8)));
+        _mm256_mul_ps(q, scale)
+    }
 }
 
 pub(crate) unsafe fn matmul_rows(
@@ -117,6 +230,35 @@ pub(crate) unsafe fn matmul_rows(
             ..
         } => rows_with(
             |r| Mxfp4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Fp8Block {
+            data,
+            scale_inv,
+            cols,
+            ..
+        } => {
+            let w = (data, scale_inv, cols);
+            if huge_fp8_scales(scale_inv, range.clone(), cols) {
+                rows_with(Fp8Row::<true>::at(w), cols, x, n, range, emit)
+            } else {
+                rows_with(Fp8Row::<false>::at(w), cols, x, n, range, emit)
+            }
+        }
+        Matrix::Int4Group {
+            packed,
+            scales,
+            cols,
+            ..
+        } => rows_with(
+            |r| Int4Row {
                 packed: packed[r * cols / 2..].as_ptr(),
                 scales: scales[r * cols / 32..].as_ptr(),
             },
@@ -162,7 +304,7 @@ pub(crate) fn rows_together(n: usize) -> usize {
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_with<R: RowDecoder>(
     row_at: impl Fn(usize) -> R,
     cols: usize,
@@ -203,7 +345,7 @@ unsafe fn rows_with<R: RowDecoder>(
 /// once for 3, where [`tile_rows`] decodes a weight vector for 3. A lane still adds its blocks in
 /// increasing order, so each (row, token) pair gets exactly [`tile_rows`]' fmas: the same bits.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm<R: RowDecoder>(
     row_at: &impl Fn(usize) -> R,
     cols: usize,
@@ -282,7 +424,7 @@ unsafe fn gemm<R: RowDecoder>(
 /// hands each row's NT lane sets to `put`. Every (row, token) pair has its own lanes and sees the same
 /// fmas in the same order as when computed alone, so tiling changes no bits.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_rows<R: RowDecoder, const NT: usize>(
     row_at: &impl Fn(usize) -> R,
     rows: Range<usize>,
@@ -313,7 +455,7 @@ unsafe fn tile_rows<R: RowDecoder, const NT: usize>(
 
 /// `acc` plus blocks `tile` of one weight row times NT x rows.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn accumulate<R: RowDecoder, const NT: usize>(
     row: &R,
     x: *const f32,
@@ -336,7 +478,7 @@ unsafe fn accumulate<R: RowDecoder, const NT: usize>(
 
 /// The crate's lane tree: h = 16 and 8 on whole vectors, then 4, 2, 1 within one.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fold(acc: Lanes) -> f32 {
     let h8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
@@ -345,7 +487,7 @@ unsafe fn fold(acc: Lanes) -> f32 {
     _mm_cvtss_f32(h1)
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     let body = a.len() / 32 * 32;
     let mut acc = [_mm256_setzero_ps(); 4];
@@ -364,7 +506,7 @@ pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Columns `first_col..first_col + y.len()` of the transposed product. Rows are taken four at a time so
 /// y is loaded and stored once per four rows; within a column they are still added in increasing order.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn matvec_t(
     data: &[u16],
     cols: usize,
@@ -385,7 +527,7 @@ pub(crate) unsafe fn matvec_t(
 
 /// Adds G consecutive rows (the first starting at `data[start]`, weights `x`) into y, in row order.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_t<const G: usize>(
     data: &[u16],
     cols: usize,
@@ -409,7 +551,7 @@ unsafe fn rows_t<const G: usize>(
 #[cfg(test)]
 pub(crate) fn decode_mxfp4_block(packed: &[u8; 16], scale: u8) -> [f32; 32] {
     let mut out = [0.0; 32];
-    // SAFETY: tests call this only after checking that the CPU has AVX2 and FMA.
+    // SAFETY: tests call this only after checking that the CPU has AVX2, FMA and F16C.
     unsafe {
         let row = Mxfp4Row {
             packed: packed.as_ptr(),

@@ -1,4 +1,5 @@
-//! Scalar codecs for the stored weight encodings: BF16, E2M1 (the MXFP4 element) and E8M0 (its scale).
+//! Scalar codecs for the stored weight encodings: BF16, E2M1 (the MXFP4 element), E8M0 (its scale), E4M3
+//! (the FP8 element) and the INT4 nibble.
 
 /// BF16 bits -> f32 (exact: shift into the top half).
 #[inline]
@@ -73,16 +74,59 @@ pub fn decode_mxfp4_row(packed: &[u8], scales: &[u8], out: &mut [f32]) {
         .zip(packed.chunks_exact(16))
         .zip(scales)
     {
-        decode_mxfp4_block(packed, scale, out);
+        decode_nibbles(packed, &E2M1, e8m0_to_f32(scale), out);
     }
 }
 
-/// Decode one 32-element block: 16 packed bytes and their scale byte.
+/// Decode 32 packed nibbles (MXFP4 and INT4 share the layout: byte k holds element 2k in its low nibble,
+/// 2k+1 in its high one) through a 16-entry value table, each value times `scale` in f32.
 #[inline]
-pub(crate) fn decode_mxfp4_block(packed: &[u8], scale: u8, out: &mut [f32]) {
-    let scale = e8m0_to_f32(scale);
+pub(crate) fn decode_nibbles(packed: &[u8], values: &[f32; 16], scale: f32, out: &mut [f32]) {
     for (pair, &byte) in out.chunks_exact_mut(2).zip(packed) {
-        pair[0] = e2m1_to_f32(byte & 0xF) * scale;
-        pair[1] = e2m1_to_f32(byte >> 4) * scale;
+        pair[0] = values[usize::from(byte & 0xF)] * scale;
+        pair[1] = values[usize::from(byte >> 4)] * scale;
     }
 }
+
+/// INT4 nibble n -> the signed value n - 8 (compressed-tensors stores q + 8 for q in -8..=7).
+pub(crate) static INT4: [f32; 16] = {
+    let mut table = [0.0; 16];
+    let mut n = 0;
+    while n < 16 {
+        table[n] = n as f32 - 8.0;
+        n += 1;
+    }
+    table
+};
+
+/// float8_e4m3fn byte -> f32, exact: 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits, subnormals
+/// below 2^-6, no infinities, and magnitude 0x7f (bytes 0x7f and 0xff) NaN, which decodes to NaN.
+#[inline]
+pub fn e4m3_to_f32(byte: u8) -> f32 {
+    E4M3[usize::from(byte)]
+}
+
+/// The seven magnitude bits of an e4m3 byte moved to f32 bits 20..27 (the three mantissa bits at the top of
+/// f32's mantissa) read as the e4m3 value times 2^-120: the exponent biases are 7 and 127, and e4m3
+/// subnormals land on f32 subnormals of the same mantissa. Multiplying by this restores the value exactly.
+/// The NEON decoder does the same; the AVX2 one goes through fp16 instead, as x86 slows down on f32
+/// subnormals. Either way the decoded value is exact, so every path decodes alike.
+pub(crate) const E4M3_RESCALE: f32 = f32::from_bits((127 + 120) << 23);
+/// The magnitude bits of a decoded e4m3 byte in their f32 position, and their NaN pattern.
+pub(crate) const E4M3_MAGNITUDE: u32 = 0x7F << 20;
+
+static E4M3: [f32; 256] = {
+    let mut table = [0.0; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let magnitude = (byte as u32 & 0x7F) << 20;
+        let sign = (byte as u32 & 0x80) << 24;
+        table[byte] = if magnitude == E4M3_MAGNITUDE {
+            f32::NAN
+        } else {
+            f32::from_bits(sign | magnitude) * E4M3_RESCALE
+        };
+        byte += 1;
+    }
+    table
+};

@@ -1,6 +1,6 @@
-//! CPU kernels for deltafin: products of f32 activations with BF16 or MXFP4 weight matrices, the
-//! dequantisation fused into the product, on AVX2+FMA (x86-64) or NEON (AArch64) where the CPU has it and
-//! a scalar path elsewhere.
+//! CPU kernels for deltafin: products of f32 activations with BF16, MXFP4, FP8 (128×128 block scales) or
+//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or
+//! NEON (AArch64) where the CPU has it and a scalar path elsewhere.
 //!
 //! # Fixed reduction order
 //!
@@ -13,11 +13,19 @@
 //!    NEON eight `float32x4_t` holding lanes 0–3, 4–7, ..., 28–31.
 //! 2. The lanes fold by one tree: `acc[k] += acc[k + h]` for all `k < h`, with h = 16, 8, 4, 2, 1;
 //!    the result is `acc[0]`.
-//! 3. Elements past the multiple-of-32 prefix (only [`dot`] has them: matrix widths are multiples of
-//!    32) follow in increasing order: `s = fma(a[i], b[i], s)`.
+//! 3. Elements past the multiple-of-32 prefix follow in increasing order: `s = fma(a[i], b[i], s)`.
+//!    Only [`dot`] and BF16 and FP8 matrices have them (MXFP4 and INT4 widths are multiples of their
+//!    32-element groups); every path computes them with the scalar code, after its own lanes and tree.
 //!
-//! An MXFP4 weight is `e2m1(nibble) * 2^(s-127)` computed in f32, which is exact (or ±inf when
-//! s >= 253), so an MXFP4 product equals, bit for bit, the product with the dequantised row.
+//! Every weight is decoded to one f32 before its fma, so a product equals, bit for bit, [`dot`] with the
+//! row dequantised to f32:
+//! - MXFP4: `e2m1(nibble) * 2^(s-127)`, exact (or ±inf when s >= 253).
+//! - INT4: `(nibble - 8) * bf16(scale)`, exact (4 × 8 significant bits; ±inf past f32's range).
+//! - FP8: `e4m3(byte) * scale_inv`, one rounding (4 × 24 significant bits; exact when the scale has
+//!   few, as in the tiny fixtures). Scaling each weight, rather than a 128-column block's partial
+//!   sum, keeps the one reduction order above for every encoding and works for partial blocks and any
+//!   split of the columns into lanes; the rounding costs at most 2^-24 relative per weight, below the
+//!   sum's own rounding, for one multiply per weight.
 //!
 //! [`matvec_t_bf16`] has no lanes: each output column sums over rows in increasing order,
 //! `y[c] = fma(W[r,c], x[r], y[c])` starting from +0.0, so it vectorises across columns without
@@ -37,7 +45,11 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-/// A row-major weight matrix [rows, cols] in its stored encoding; `cols % 32 == 0` always.
+/// The FP8 block size: one `scale_inv` per 128 × 128 block of weights (edge blocks may be partial).
+pub const FP8_BLOCK: usize = 128;
+
+/// A row-major weight matrix [rows, cols] in its stored encoding. MXFP4 and INT4 widths are multiples of 32
+/// (their group size); BF16 and FP8 widths are any.
 #[derive(Clone, Copy)]
 pub enum Matrix<'a> {
     /// BF16 bits; `data.len() == rows * cols`.
@@ -54,11 +66,30 @@ pub enum Matrix<'a> {
         rows: usize,
         cols: usize,
     },
+    /// FP8 float8_e4m3fn with 128 × 128 block scales (DeepSeek-V3, Kimi K2): `data` rows*cols bytes,
+    /// `scale_inv` the row-major [ceil(rows/128), ceil(cols/128)] scales;
+    /// `w[r][c] = e4m3(data[r*cols + c]) * scale_inv[r/128][c/128]`.
+    Fp8Block {
+        data: &'a [u8],
+        scale_inv: &'a [f32],
+        rows: usize,
+        cols: usize,
+    },
+    /// INT4, symmetric, group 32 (compressed-tensors pack-quantized: Kimi K2 Thinking's experts): `packed`
+    /// the little-endian bytes of the I32 words [rows, cols/8], element j of a row in nibble j%8 (low
+    /// first) of word j/8 — so byte j/2, low nibble for even j, as in MXFP4 — holding q + 8; `scales` the
+    /// BF16 [rows, cols/32]; `w = q * scale`.
+    Int4Group {
+        packed: &'a [u8],
+        scales: &'a [u16],
+        rows: usize,
+        cols: usize,
+    },
 }
 
 impl<'a> Matrix<'a> {
     pub fn bf16(data: &'a [u16], rows: usize, cols: usize) -> Result<Self, String> {
-        let len = element_count("BF16", rows, cols)?;
+        let len = element_count("BF16", rows, cols, 1)?;
         if data.len() != len {
             return Err(format!(
                 "BF16 matrix [{rows}, {cols}] needs {len} values, got {}",
@@ -74,7 +105,7 @@ impl<'a> Matrix<'a> {
         rows: usize,
         cols: usize,
     ) -> Result<Self, String> {
-        let len = element_count("MXFP4", rows, cols)?;
+        let len = element_count("MXFP4", rows, cols, 32)?;
         if packed.len() != len / 2 || scales.len() != len / 32 {
             return Err(format!(
                 "MXFP4 matrix [{rows}, {cols}] needs {} packed bytes and {} scales, got {} and {}",
@@ -92,20 +123,80 @@ impl<'a> Matrix<'a> {
         })
     }
 
+    /// An FP8 matrix with one `scale_inv` per 128 × 128 block ([`Matrix::Fp8Block`]).
+    pub fn fp8_block(
+        data: &'a [u8],
+        scale_inv: &'a [f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, String> {
+        let len = element_count("FP8", rows, cols, 1)?;
+        let (block_rows, block_cols) = (rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK));
+        if data.len() != len || scale_inv.len() != block_rows * block_cols {
+            return Err(format!(
+                "FP8 block matrix [{rows}, {cols}] needs {len} weight bytes and {block_rows} x {block_cols} \
+                 scale_inv values (one per 128 x 128 block, edge blocks partial), got {} and {}",
+                data.len(),
+                scale_inv.len()
+            ));
+        }
+        Ok(Matrix::Fp8Block {
+            data,
+            scale_inv,
+            rows,
+            cols,
+        })
+    }
+
+    /// An INT4 matrix with one BF16 scale per 32 elements of a row ([`Matrix::Int4Group`]).
+    pub fn int4_group(
+        packed: &'a [u8],
+        scales: &'a [u16],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, String> {
+        let len = element_count("INT4", rows, cols, 32)?;
+        if packed.len() != len / 2 || scales.len() != len / 32 {
+            return Err(format!(
+                "INT4 matrix [{rows}, {cols}] needs {} packed bytes ({rows} x {} I32 words) and {} BF16 \
+                 scales ({rows} x {}), got {} and {}",
+                len / 2,
+                cols / 8,
+                len / 32,
+                cols / 32,
+                packed.len(),
+                scales.len()
+            ));
+        }
+        Ok(Matrix::Int4Group {
+            packed,
+            scales,
+            rows,
+            cols,
+        })
+    }
+
     pub fn rows(&self) -> usize {
         match *self {
-            Matrix::Bf16 { rows, .. } | Matrix::Mxfp4 { rows, .. } => rows,
+            Matrix::Bf16 { rows, .. }
+            | Matrix::Mxfp4 { rows, .. }
+            | Matrix::Fp8Block { rows, .. }
+            | Matrix::Int4Group { rows, .. } => rows,
         }
     }
 
     pub fn cols(&self) -> usize {
         match *self {
-            Matrix::Bf16 { cols, .. } | Matrix::Mxfp4 { cols, .. } => cols,
+            Matrix::Bf16 { cols, .. }
+            | Matrix::Mxfp4 { cols, .. }
+            | Matrix::Fp8Block { cols, .. }
+            | Matrix::Int4Group { cols, .. } => cols,
         }
     }
 
     /// The sub-matrix of rows [start, start+len) (for per-head slices of a projection).
-    /// Panics if the range is not inside the matrix.
+    /// Panics if the range is not inside the matrix, or, for FP8, if it crosses a 128-row block boundary
+    /// without starting on one (its rows could not find their scales).
     pub fn row_slice(&self, start: usize, len: usize) -> Matrix<'a> {
         let end = start.checked_add(len).filter(|&end| end <= self.rows());
         let Some(end) = end else {
@@ -131,8 +222,50 @@ impl<'a> Matrix<'a> {
                 rows: len,
                 cols,
             },
+            Matrix::Fp8Block {
+                data,
+                scale_inv,
+                cols,
+                ..
+            } => {
+                // Row r of the slice reads scale row r / 128 of the sliced scales: right when the slice
+                // starts on a block boundary or stays inside one block.
+                let offset = start % FP8_BLOCK;
+                if offset != 0 && offset + len > FP8_BLOCK {
+                    panic!(
+                        "row_slice: rows {start}..{end} of an FP8 block matrix cross a {FP8_BLOCK}-row \
+                         block boundary without starting on one"
+                    );
+                }
+                let block_cols = cols.div_ceil(FP8_BLOCK);
+                let first = start / FP8_BLOCK;
+                Matrix::Fp8Block {
+                    data: &data[start * cols..end * cols],
+                    scale_inv: &scale_inv
+                        [first * block_cols..(first + len.div_ceil(FP8_BLOCK)) * block_cols],
+                    rows: len,
+                    cols,
+                }
+            }
+            Matrix::Int4Group {
+                packed,
+                scales,
+                cols,
+                ..
+            } => Matrix::Int4Group {
+                packed: &packed[start * cols / 2..end * cols / 2],
+                scales: &scales[start * cols / 32..end * cols / 32],
+                rows: len,
+                cols,
+            },
         }
     }
+}
+
+/// The `scale_inv` values of row r's 128-row block of an FP8 matrix, one per 128 columns.
+pub(crate) fn fp8_scale_row(scale_inv: &[f32], r: usize, cols: usize) -> &[f32] {
+    let block_cols = cols.div_ceil(FP8_BLOCK);
+    &scale_inv[r / FP8_BLOCK * block_cols..][..block_cols]
 }
 
 /// Shape and encoding only: the weights themselves are far too many to print.
@@ -141,16 +274,19 @@ impl std::fmt::Debug for Matrix<'_> {
         let kind = match self {
             Matrix::Bf16 { .. } => "Bf16",
             Matrix::Mxfp4 { .. } => "Mxfp4",
+            Matrix::Fp8Block { .. } => "Fp8Block",
+            Matrix::Int4Group { .. } => "Int4Group",
         };
         write!(f, "Matrix::{kind}[{}, {}]", self.rows(), self.cols())
     }
 }
 
-fn element_count(kind: &str, rows: usize, cols: usize) -> Result<usize, String> {
-    if !cols.is_multiple_of(32) {
+/// rows * cols, checking that cols is a multiple of the encoding's `group` of elements sharing a scale.
+fn element_count(kind: &str, rows: usize, cols: usize, group: usize) -> Result<usize, String> {
+    if !cols.is_multiple_of(group) {
         return Err(format!(
-            "{kind} matrix [{rows}, {cols}]: cols must be a multiple of 32 (the kernels' lane count \
-             and the MXFP4 block size)"
+            "{kind} matrix [{rows}, {cols}]: cols must be a multiple of {group}, the {kind} group size \
+             (elements sharing one scale along a row)"
         ));
     }
     rows.checked_mul(cols)
@@ -186,7 +322,11 @@ fn detected_path() -> Path {
     static DETECTED: OnceLock<Path> = OnceLock::new();
     *DETECTED.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // F16C (the FP8 decoder's exact e4m3 widening) came before AVX2: every AVX2 CPU has it.
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
             return Path::Avx2Fma;
         }
         #[cfg(target_arch = "aarch64")]
@@ -304,9 +444,18 @@ fn matmul_rows(
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
 ) {
+    // The paths sum the whole 32-column blocks (lanes and tree); the columns past them follow here.
+    let cols = w.cols();
+    let emit = &mut |t: usize, r: usize, sum: f32| {
+        emit(
+            t,
+            r,
+            scalar::add_tail(w, r, &x[t * cols..(t + 1) * cols], sum),
+        );
+    };
     match path {
         Path::Scalar => scalar::matmul_rows(w, x, n, range, emit),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -369,7 +518,7 @@ fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y:
     }
     let run = |first_col: usize, y: &mut [f32]| match path {
         Path::Scalar => scalar::matvec_t(data, cols, x, first_col, y),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
         // SAFETY: this path is only chosen when the CPU has NEON.
@@ -400,7 +549,7 @@ fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: slices of different lengths");
     match path {
         Path::Scalar => scalar::dot(a, b),
-        // SAFETY: this path is only chosen when the CPU has AVX2 and FMA.
+        // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::dot(a, b) },
         // SAFETY: this path is only chosen when the CPU has NEON.

@@ -11,15 +11,16 @@
 //!   default, so subnormal weights and products are not flushed. (NaN payloads can differ between the
 //!   ISAs, x86 producing the negative default NaN and Arm the positive one; only corrupt inputs, such as
 //!   an E8M0 scale of 255, produce a NaN at all.)
-//! - An MXFP4 weight is looked up in a per-block table of the sixteen E2M1 values times the block scale,
-//!   each product exact, so it equals the scalar decoder's `e2m1 * scale` bit for bit.
+//! - An MXFP4 or INT4 weight is looked up in a per-block table of the sixteen E2M1 or INT4 values times
+//!   the block scale: the same f32 multiplication as the scalar decoder's `value * scale`. An FP8 weight
+//!   is decoded by the scalar codec's bit moves and exact rescaling, then multiplied by its scale.
 //!
 //! Every function here is `unsafe` because it requires NEON; callers check first (every AArch64 CPU
 //! that runs Linux or macOS has it, but the scalar switch stays the same as on x86).
 
-use crate::codec::{E2M1, E8M0};
+use crate::codec::{bf16_to_f32, E2M1, E4M3_MAGNITUDE, E4M3_RESCALE, E8M0, INT4};
 use crate::scalar::{add_rows_t, fma_tail};
-use crate::Matrix;
+use crate::{fp8_scale_row, Matrix, FP8_BLOCK};
 use std::arch::aarch64::*;
 use std::ops::Range;
 
@@ -74,28 +75,89 @@ const SPREAD: [[u8; 16]; 4] = {
 const BYTE_IN_WORD: [u8; 16] = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3];
 
 impl RowDecoder for Mxfp4Row {
-    /// The sixteen signed E2M1 values times the block scale form a 64-byte table (four registers); the
-    /// 32 nibbles, times four, index its f32 entries byte by byte through `tbl`.
     #[inline]
     #[target_feature(enable = "neon")]
     unsafe fn block(&self, b: usize) -> Lanes {
         let scale = E8M0[usize::from(*self.scales.add(b))];
-        let entries = |i: usize| vreinterpretq_u8_f32(vmulq_n_f32(vld1q_f32(&E2M1[i * 4]), scale));
-        let table = uint8x16x4_t(entries(0), entries(1), entries(2), entries(3));
-        let bytes = vld1q_u8(self.packed.add(b * 16));
-        let (low, high) = (vandq_u8(bytes, vdupq_n_u8(0xF)), vshrq_n_u8::<4>(bytes));
-        // Byte k holds element 2k in its low nibble and 2k+1 in its high one: interleaving the two puts
-        // the nibbles in element order, elements 0..16 then 16..32; times 4 gives each entry's offset.
-        let offsets = [
-            vshlq_n_u8::<2>(vzip1q_u8(low, high)),
-            vshlq_n_u8::<2>(vzip2q_u8(low, high)),
-        ];
-        let byte_in_word = vld1q_u8(BYTE_IN_WORD.as_ptr());
+        decode_nibbles(&E2M1, scale, self.packed.add(b * 16))
+    }
+}
+
+struct Int4Row {
+    packed: *const u8,
+    scales: *const u16,
+}
+
+impl RowDecoder for Int4Row {
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn block(&self, b: usize) -> Lanes {
+        let scale = bf16_to_f32(*self.scales.add(b));
+        decode_nibbles(&INT4, scale, self.packed.add(b * 16))
+    }
+}
+
+/// The 32 weights of the 16 packed bytes at `packed` (MXFP4 and INT4 share the nibble layout): the sixteen
+/// `values` times `scale` form a 64-byte table (four registers); the 32 nibbles, times four, index its
+/// f32 entries byte by byte through `tbl`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn decode_nibbles(values: &[f32; 16], scale: f32, packed: *const u8) -> Lanes {
+    let entries = |i: usize| vreinterpretq_u8_f32(vmulq_n_f32(vld1q_f32(&values[i * 4]), scale));
+    let table = uint8x16x4_t(entries(0), entries(1), entries(2), entries(3));
+    let bytes = vld1q_u8(packed);
+    let (low, high) = (vandq_u8(bytes, vdupq_n_u8(0xF)), vshrq_n_u8::<4>(bytes));
+    // Byte k holds element 2k in its low nibble and 2k+1 in its high one: interleaving the two puts
+    // the nibbles in element order, elements 0..16 then 16..32; times 4 gives each entry's offset.
+    let offsets = [
+        vshlq_n_u8::<2>(vzip1q_u8(low, high)),
+        vshlq_n_u8::<2>(vzip2q_u8(low, high)),
+    ];
+    let byte_in_word = vld1q_u8(BYTE_IN_WORD.as_ptr());
+    std::array::from_fn(|i| {
+        let spread = vqtbl1q_u8(offsets[i / 4], vld1q_u8(SPREAD[i % 4].as_ptr()));
+        vreinterpretq_f32_u8(vqtbl4q_u8(table, vaddq_u8(spread, byte_in_word)))
+    })
+}
+
+/// One FP8 row: its bytes, and the scales of its 128-row block.
+struct Fp8Row {
+    data: *const u8,
+    scales: *const f32,
+}
+
+impl RowDecoder for Fp8Row {
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn block(&self, b: usize) -> Lanes {
+        let scale = *self.scales.add(b * 32 / FP8_BLOCK);
+        let p = self.data.add(b * 32).cast::<i8>();
+        // Eight bytes at a time, sign-extended to two registers of four.
+        let wide: [int16x8_t; 4] = std::array::from_fn(|k| vmovl_s8(vld1_s8(p.add(k * 8))));
         std::array::from_fn(|i| {
-            let spread = vqtbl1q_u8(offsets[i / 4], vld1q_u8(SPREAD[i % 4].as_ptr()));
-            vreinterpretq_f32_u8(vqtbl4q_u8(table, vaddq_u8(spread, byte_in_word)))
+            let half = wide[i / 2];
+            let four = if i % 2 == 0 {
+                vmovl_s16(vget_low_s16(half))
+            } else {
+                vmovl_high_s16(half)
+            };
+            vmulq_n_f32(decode_e4m3(four), scale)
         })
     }
+}
+
+/// Four sign-extended e4m3 bytes -> f32, as `codec::e4m3_to_f32`: shifted left by 20, a byte has its
+/// magnitude at bits 20..27 and copies of its sign at 27..32; keeping the magnitude and bit 31 gives the
+/// value times 2^-120, and the multiplication by 2^120 is exact. NaN bytes become all ones.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn decode_e4m3(bytes: int32x4_t) -> float32x4_t {
+    let shifted = vreinterpretq_u32_s32(vshlq_n_s32::<20>(bytes));
+    let magnitude_bits = vdupq_n_u32(E4M3_MAGNITUDE);
+    let bits = vandq_u32(shifted, vdupq_n_u32(E4M3_MAGNITUDE | 1 << 31));
+    let value = vmulq_n_f32(vreinterpretq_f32_u32(bits), E4M3_RESCALE);
+    let nan = vceqq_u32(vandq_u32(shifted, magnitude_bits), magnitude_bits);
+    vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(value), nan))
 }
 
 pub(crate) unsafe fn matmul_rows(
@@ -121,6 +183,38 @@ pub(crate) unsafe fn matmul_rows(
             ..
         } => rows_with(
             |r| Mxfp4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Fp8Block {
+            data,
+            scale_inv,
+            cols,
+            ..
+        } => rows_with(
+            |r| Fp8Row {
+                data: data[r * cols..].as_ptr(),
+                scales: fp8_scale_row(scale_inv, r, cols).as_ptr(),
+            },
+            cols,
+            x,
+            n,
+            range,
+            emit,
+        ),
+        Matrix::Int4Group {
+            packed,
+            scales,
+            cols,
+            ..
+        } => rows_with(
+            |r| Int4Row {
                 packed: packed[r * cols / 2..].as_ptr(),
                 scales: scales[r * cols / 32..].as_ptr(),
             },

@@ -1,8 +1,8 @@
 //! The portable path: the crate's reduction order written out plainly. `f32::mul_add` is a fused
 //! multiply-add with one rounding on every target, so this is bit-identical to the SIMD paths.
 
-use crate::codec::{bf16_to_f32, decode_mxfp4_block};
-use crate::Matrix;
+use crate::codec::{bf16_to_f32, decode_nibbles, e4m3_to_f32, e8m0_to_f32, E2M1, INT4};
+use crate::{fp8_scale_row, Matrix, FP8_BLOCK};
 use std::ops::Range;
 
 pub(crate) fn matmul_rows(
@@ -15,36 +15,76 @@ pub(crate) fn matmul_rows(
     let cols = w.cols();
     for r in range {
         for t in 0..n {
-            emit(t, r, dot_row(w, r, &x[t * cols..(t + 1) * cols]));
+            emit(t, r, dot_blocks(w, r, &x[t * cols..(t + 1) * cols]));
         }
     }
 }
 
-/// Row r of W dotted with x (of length cols), decoding 32 weights at a time.
-fn dot_row(w: &Matrix, r: usize, x: &[f32]) -> f32 {
+/// Row r of W's whole 32-column blocks dotted with x (of length cols): the lanes and the tree.
+fn dot_blocks(w: &Matrix, r: usize, x: &[f32]) -> f32 {
     let mut acc = [0.0; 32];
     let mut weights = [0.0; 32];
     for (b, x) in x.chunks_exact(32).enumerate() {
-        match *w {
-            Matrix::Bf16 { data, cols, .. } => {
-                let block = &data[r * cols + b * 32..][..32];
-                for (w, &bits) in weights.iter_mut().zip(block) {
-                    *w = bf16_to_f32(bits);
-                }
-            }
-            Matrix::Mxfp4 {
-                packed,
-                scales,
-                cols,
-                ..
-            } => {
-                let block = &packed[(r * cols + b * 32) / 2..][..16];
-                decode_mxfp4_block(block, scales[r * cols / 32 + b], &mut weights);
-            }
-        }
+        decode_block(w, r, b, &mut weights);
         fma_lanes(&mut acc, &weights, x);
     }
     fold_lanes(acc)
+}
+
+/// `sum` (row r's whole blocks, from any path) plus the columns past them times x (of length cols),
+/// in order: the last step of every path.
+#[inline]
+pub(crate) fn add_tail(w: &Matrix, r: usize, x: &[f32], sum: f32) -> f32 {
+    let body = x.len() / 32 * 32;
+    if body == x.len() {
+        return sum;
+    }
+    let mut weights = [0.0; 32];
+    let weights = &mut weights[..x.len() - body];
+    decode_block(w, r, body / 32, weights);
+    fma_tail(sum, weights, &x[body..])
+}
+
+/// Weights 32b..32b + out.len() of row r: a whole block, or the partial last one of a BF16 or FP8 row.
+fn decode_block(w: &Matrix, r: usize, b: usize, out: &mut [f32]) {
+    match *w {
+        Matrix::Bf16 { data, cols, .. } => {
+            let block = &data[r * cols + b * 32..][..out.len()];
+            for (w, &bits) in out.iter_mut().zip(block) {
+                *w = bf16_to_f32(bits);
+            }
+        }
+        Matrix::Mxfp4 {
+            packed,
+            scales,
+            cols,
+            ..
+        } => {
+            let block = &packed[(r * cols + b * 32) / 2..][..16];
+            decode_nibbles(block, &E2M1, e8m0_to_f32(scales[r * cols / 32 + b]), out);
+        }
+        Matrix::Fp8Block {
+            data,
+            scale_inv,
+            cols,
+            ..
+        } => {
+            let scale = fp8_scale_row(scale_inv, r, cols)[b * 32 / FP8_BLOCK];
+            let block = &data[r * cols + b * 32..][..out.len()];
+            for (w, &byte) in out.iter_mut().zip(block) {
+                *w = e4m3_to_f32(byte) * scale;
+            }
+        }
+        Matrix::Int4Group {
+            packed,
+            scales,
+            cols,
+            ..
+        } => {
+            let block = &packed[(r * cols + b * 32) / 2..][..16];
+            decode_nibbles(block, &INT4, bf16_to_f32(scales[r * cols / 32 + b]), out);
+        }
+    }
 }
 
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {

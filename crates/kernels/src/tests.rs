@@ -280,9 +280,7 @@ fn bf16_rounding_is_nearest_even() {
 #[test]
 fn constructors_check_shapes() {
     assert!(Matrix::bf16(&[0; 64], 2, 32).is_ok());
-    assert!(Matrix::bf16(&[0; 48], 3, 16)
-        .unwrap_err()
-        .contains("multiple of 32"));
+    assert!(Matrix::bf16(&[0; 48], 3, 16).is_ok());
     assert!(Matrix::bf16(&[0; 63], 2, 32)
         .unwrap_err()
         .contains("needs 64 values, got 63"));
@@ -301,10 +299,48 @@ fn constructors_check_shapes() {
         .contains("overflows"));
 }
 
-/// Owned test matrix data in either encoding.
+#[test]
+fn fp8_constructor_checks_weights_and_block_scales() {
+    // [200, 300]: 2 x 3 blocks, the last row and column of blocks partial.
+    let (data, scales) = (vec![0; 200 * 300], vec![1.0; 6]);
+    assert!(Matrix::fp8_block(&data, &scales, 200, 300).is_ok());
+    assert!(Matrix::fp8_block(&data, &scales[..5], 200, 300)
+        .unwrap_err()
+        .contains("needs 60000 weight bytes and 2 x 3 scale_inv values"));
+    assert!(Matrix::fp8_block(&data[1..], &scales, 200, 300)
+        .unwrap_err()
+        .contains("got 59999 and 6"));
+    assert!(Matrix::fp8_block(&[0; 7], &[1.0], 1, 7).is_ok());
+    assert!(Matrix::fp8_block(&[], &[], 11, 0).is_ok());
+    assert!(Matrix::fp8_block(&[], &[], usize::MAX, 2)
+        .unwrap_err()
+        .contains("overflows"));
+}
+
+#[test]
+fn int4_constructor_checks_packing_scales_and_group() {
+    assert!(Matrix::int4_group(&[0; 64], &[0; 4], 2, 64).is_ok());
+    let err = Matrix::int4_group(&[0; 60], &[0; 4], 2, 60).unwrap_err();
+    assert!(
+        err.contains("[2, 60]") && err.contains("multiple of 32"),
+        "{err}"
+    );
+    assert!(Matrix::int4_group(&[0; 63], &[0; 4], 2, 64)
+        .unwrap_err()
+        .contains(
+            "needs 64 packed bytes (2 x 8 I32 words) and 4 BF16 scales (2 x 2), got 63 and 4"
+        ));
+    assert!(Matrix::int4_group(&[0; 64], &[0; 3], 2, 64)
+        .unwrap_err()
+        .contains("got 64 and 3"));
+}
+
+/// Owned test matrix data in any encoding.
 enum Weights {
     Bf16(Vec<u16>),
     Mxfp4(Vec<u8>, Vec<u8>),
+    Fp8(Vec<u8>, Vec<f32>),
+    Int4(Vec<u8>, Vec<u16>),
 }
 
 struct TestMatrix {
@@ -313,56 +349,87 @@ struct TestMatrix {
     cols: usize,
 }
 
+/// FP8 scales with full 24-bit mantissas (the product with a weight rounds), and extremes: subnormal
+/// weights, weights past f32's range, and a scale whose 2^8 multiple overflows (AVX2's HUGE_SCALES).
+const FP8_SCALES: [f32; 4] = [1.7e-3, 3.1e-4, 0.0123, 0.31];
+const FP8_EXTREME_SCALES: [f32; 5] = [1e-40, 1e-30, 1.0, 1e36, 3e36];
+/// INT4 scales (rounded to BF16), and extremes as for FP8.
+const INT4_SCALES: [f32; 4] = [0.003, 0.01, 0.05, 0.2];
+const INT4_EXTREME_SCALES: [f32; 4] = [1e-39, 1e-30, 1.0, 3e38];
+
 impl TestMatrix {
+    fn new(weights: Weights, rows: usize, cols: usize) -> Self {
+        TestMatrix {
+            weights,
+            rows,
+            cols,
+        }
+    }
+
     fn bf16(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Self {
         let data = (0..rows * cols)
             .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
             .collect();
-        TestMatrix {
-            weights: Weights::Bf16(data),
-            rows,
-            cols,
-        }
+        Self::new(Weights::Bf16(data), rows, cols)
     }
 
     /// Random nibbles; scales drawn from `scales`.
     fn mxfp4(rng: &mut ChaCha8Rng, rows: usize, cols: usize, scales: &[u8]) -> Self {
         let packed = (0..rows * cols / 2).map(|_| rng.gen()).collect();
-        let scales = (0..rows * cols / 32)
-            .map(|_| scales[rng.gen_range(0..scales.len())])
-            .collect();
-        TestMatrix {
-            weights: Weights::Mxfp4(packed, scales),
-            rows,
-            cols,
-        }
+        let scales = pick(rng, rows * cols / 32, scales);
+        Self::new(Weights::Mxfp4(packed, scales), rows, cols)
     }
 
-    fn both(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> [Self; 2] {
-        [
+    /// Random bytes but the two NaNs; scales drawn from `scales`.
+    fn fp8(rng: &mut ChaCha8Rng, rows: usize, cols: usize, scales: &[f32]) -> Self {
+        let data = (0..rows * cols)
+            .map(|_| match rng.gen() {
+                0x7F | 0xFF => 0x7E,
+                byte => byte,
+            })
+            .collect();
+        let blocks = rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK);
+        let scales = pick(rng, blocks, scales);
+        Self::new(Weights::Fp8(data, scales), rows, cols)
+    }
+
+    /// Random nibbles; scales drawn from `scales`, rounded to BF16.
+    fn int4(rng: &mut ChaCha8Rng, rows: usize, cols: usize, scales: &[f32]) -> Self {
+        let packed = (0..rows * cols / 2).map(|_| rng.gen()).collect();
+        let scales = pick(rng, rows * cols / 32, scales);
+        let scales = scales.into_iter().map(f32_to_bf16).collect();
+        Self::new(Weights::Int4(packed, scales), rows, cols)
+    }
+
+    /// Every encoding the width allows (MXFP4 and INT4 need multiples of 32), with ordinary scales.
+    fn all(rng: &mut ChaCha8Rng, rows: usize, cols: usize) -> Vec<Self> {
+        let mut all = vec![
             Self::bf16(rng, rows, cols),
-            Self::mxfp4(rng, rows, cols, &[122, 125, 127, 128, 131]),
-        ]
+            Self::fp8(rng, rows, cols, &FP8_SCALES),
+        ];
+        if cols.is_multiple_of(32) {
+            all.push(Self::mxfp4(rng, rows, cols, &[122, 125, 127, 128, 131]));
+            all.push(Self::int4(rng, rows, cols, &INT4_SCALES));
+        }
+        all
     }
 
     fn matrix(&self) -> Matrix<'_> {
+        let (rows, cols) = (self.rows, self.cols);
         match &self.weights {
-            Weights::Bf16(data) => Matrix::bf16(data, self.rows, self.cols).unwrap(),
-            Weights::Mxfp4(packed, scales) => {
-                Matrix::mxfp4(packed, scales, self.rows, self.cols).unwrap()
-            }
+            Weights::Bf16(data) => Matrix::bf16(data, rows, cols),
+            Weights::Mxfp4(packed, scales) => Matrix::mxfp4(packed, scales, rows, cols),
+            Weights::Fp8(data, scales) => Matrix::fp8_block(data, scales, rows, cols),
+            Weights::Int4(packed, scales) => Matrix::int4_group(packed, scales, rows, cols),
         }
+        .unwrap()
     }
 
     fn name(&self) -> String {
-        let kind = if matches!(self.weights, Weights::Bf16(_)) {
-            "bf16"
-        } else {
-            "mxfp4"
-        };
-        format!("{kind} [{}, {}]", self.rows, self.cols)
+        format!("{:?}", self.matrix())
     }
 
+    /// Row r decoded to f32 as the crate docs define it, written independently of the kernels' decoders.
     fn dequantised_row(&self, r: usize) -> Vec<f32> {
         let c = self.cols;
         match &self.weights {
@@ -379,7 +446,57 @@ impl TestMatrix {
                 );
                 out
             }
+            Weights::Fp8(data, scales) => (0..c)
+                .map(|j| e4m3_reference(data[r * c + j]) as f32 * fp8_scale(scales, r, j, c))
+                .collect(),
+            Weights::Int4(packed, scales) => (0..c)
+                .map(|j| {
+                    // Element j: nibble j % 8 of the little-endian I32 word j / 8, holding q + 8.
+                    let word = &packed[(r * c + j) / 8 * 4..][..4];
+                    let nibble =
+                        u32::from_le_bytes(word.try_into().unwrap()) >> (4 * (j % 8)) & 0xF;
+                    (nibble as f32 - 8.0) * bf16_to_f32(scales[r * c / 32 + j / 32])
+                })
+                .collect(),
         }
+    }
+
+    /// Row r's exact weights: FP8's e4m3 times scale in f64 (f32 rounds it); the others decode exactly.
+    fn exact_row(&self, r: usize) -> Vec<f64> {
+        match &self.weights {
+            Weights::Fp8(data, scales) => (0..self.cols)
+                .map(|j| {
+                    let scale = fp8_scale(scales, r, j, self.cols);
+                    e4m3_reference(data[r * self.cols + j]) * f64::from(scale)
+                })
+                .collect(),
+            _ => self.dequantised_row(r).into_iter().map(f64::from).collect(),
+        }
+    }
+}
+
+fn pick<T: Copy>(rng: &mut ChaCha8Rng, len: usize, values: &[T]) -> Vec<T> {
+    (0..len)
+        .map(|_| values[rng.gen_range(0..values.len())])
+        .collect()
+}
+
+/// The scale of FP8 weight [r, j] of a matrix `cols` wide.
+fn fp8_scale(scales: &[f32], r: usize, j: usize, cols: usize) -> f32 {
+    scales[r / 128 * cols.div_ceil(128) + j / 128]
+}
+
+/// float8_e4m3fn by its definition (sign, 4-bit exponent of bias 7, 3-bit mantissa, subnormals, NaN at
+/// magnitude 0x7f), independent of the codec's bit moves.
+fn e4m3_reference(byte: u8) -> f64 {
+    let sign = if byte & 0x80 == 0 { 1.0 } else { -1.0 };
+    let (exponent, mantissa) = (i32::from(byte >> 3 & 0xF), f64::from(byte & 7));
+    if byte & 0x7F == 0x7F {
+        f64::NAN
+    } else if exponent == 0 {
+        sign * mantissa / 8.0 * 2f64.powi(-6)
+    } else {
+        sign * (1.0 + mantissa / 8.0) * 2f64.powi(exponent - 7)
     }
 }
 
@@ -416,34 +533,45 @@ fn paths() -> Vec<Path> {
     paths
 }
 
-const SHAPES: [(usize, usize); 6] = [(1, 32), (3, 64), (17, 96), (40, 256), (33, 512), (5, 4096)];
+/// Widths that are not multiples of 32 (BF16 and FP8 only) have a tail; 200 rows and widths past 128 give
+/// partial FP8 blocks.
+const SHAPES: [(usize, usize); 10] = [
+    (1, 32),
+    (3, 64),
+    (17, 96),
+    (40, 256),
+    (33, 512),
+    (5, 4096),
+    (3, 7),
+    (200, 144),
+    (200, 160),
+    (9, 300),
+];
 
 #[test]
 fn matmul_matches_f64_reference() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     for (rows, cols) in SHAPES {
-        for m in TestMatrix::both(&mut rng, rows, cols) {
-            let dequantised: Vec<Vec<f32>> = (0..rows).map(|r| m.dequantised_row(r)).collect();
+        for m in TestMatrix::all(&mut rng, rows, cols) {
+            let exact_rows: Vec<Vec<f64>> = (0..rows).map(|r| m.exact_row(r)).collect();
             for n in 1..=7 {
                 let x = random_vec(&mut rng, n * cols);
                 for path in paths() {
                     let y = run_matmul(path, &m.matrix(), &x, n);
                     for t in 0..n {
-                        for (r, w) in dequantised.iter().enumerate() {
+                        for (r, w) in exact_rows.iter().enumerate() {
                             let xt = &x[t * cols..(t + 1) * cols];
-                            let exact: f64 = w
-                                .iter()
-                                .zip(xt)
-                                .map(|(&w, &x)| f64::from(w) * f64::from(x))
-                                .sum();
+                            let exact: f64 =
+                                w.iter().zip(xt).map(|(&w, &x)| w * f64::from(x)).sum();
                             let magnitude: f64 = w
                                 .iter()
                                 .zip(xt)
-                                .map(|(&w, &x)| f64::from(w * x).abs())
+                                .map(|(&w, &x)| (w * f64::from(x)).abs())
                                 .sum();
-                            // Error bound of 32 fma chains of cols/32 terms plus a 5-level tree.
-                            let tolerance =
-                                (cols / 32 + 5) as f64 * f64::from(f32::EPSILON) * magnitude;
+                            // Error bound of 32 fma chains of cols/32 terms, a 5-level tree, the tail's
+                            // chain, and FP8's rounding of each weight.
+                            let steps = cols / 32 + 5 + cols % 32 + 1;
+                            let tolerance = steps as f64 * f64::from(f32::EPSILON) * magnitude;
                             let got = f64::from(y[t * rows + r]);
                             assert!(
                                 (got - exact).abs() <= tolerance,
@@ -462,14 +590,14 @@ fn matmul_matches_f64_reference() {
 fn matmul_simd_and_scalar_are_bit_identical() {
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     for (rows, cols) in SHAPES {
-        let mut matrices = Vec::from(TestMatrix::both(&mut rng, rows, cols));
+        let mut matrices = TestMatrix::all(&mut rng, rows, cols);
         // Subnormal, huge and infinite weights: their products must match too.
-        matrices.push(TestMatrix::mxfp4(
-            &mut rng,
-            rows,
-            cols,
-            &[0, 1, 100, 127, 200, 254],
-        ));
+        matrices.push(TestMatrix::fp8(&mut rng, rows, cols, &FP8_EXTREME_SCALES));
+        if cols.is_multiple_of(32) {
+            let mxfp4 = [0, 1, 100, 127, 200, 254];
+            matrices.push(TestMatrix::mxfp4(&mut rng, rows, cols, &mxfp4));
+            matrices.push(TestMatrix::int4(&mut rng, rows, cols, &INT4_EXTREME_SCALES));
+        }
         for m in matrices {
             // Past 9: several of the many-token path's 32-row chunks, with a remainder.
             for n in (1..=9).chain([36, 70]) {
@@ -488,8 +616,8 @@ fn matmul_simd_and_scalar_are_bit_identical() {
 #[test]
 fn matmul_rows_do_not_depend_on_batch_size() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    for (rows, cols) in [(7, 64), (40, 256), (300, 1024)] {
-        for m in TestMatrix::both(&mut rng, rows, cols) {
+    for (rows, cols) in [(7, 64), (40, 256), (300, 1024), (130, 300)] {
+        for m in TestMatrix::all(&mut rng, rows, cols) {
             for path in paths() {
                 for n in [2, 3, 4, 5, 8, 9, 16, 33] {
                     let x = random_vec(&mut rng, n * cols);
@@ -516,8 +644,12 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 fn matmul_does_not_depend_on_thread_count() {
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let (one, two) = (pool(1), pool(2));
-    let (rows, cols) = (300, 1024);
-    for m in TestMatrix::both(&mut rng, rows, cols) {
+    let matrices: Vec<TestMatrix> = [(300, 1024), (260, 1000)]
+        .into_iter()
+        .flat_map(|(rows, cols)| TestMatrix::all(&mut rng, rows, cols))
+        .collect();
+    for m in matrices {
+        let (rows, cols) = (m.rows, m.cols);
         for n in [1, 3, 6, 16] {
             assert!(
                 rows * cols * n >= PARALLEL_MIN_WORK,
@@ -532,14 +664,13 @@ fn matmul_does_not_depend_on_thread_count() {
 }
 
 /// One region for several products gives each output the bits its own `matmul` gives, split or not:
-/// matrices of both encodings and of different heights, on one and two threads.
+/// matrices of every encoding and of different heights, on one and two threads.
 #[test]
 fn matmul_many_equals_one_matmul_per_matrix() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     let cols = 512;
-    let [a, b] = TestMatrix::both(&mut rng, 300, cols);
-    let [c, _] = TestMatrix::both(&mut rng, 7, cols);
-    let mats = [a, b, c];
+    let mut mats = TestMatrix::all(&mut rng, 300, cols);
+    mats.push(TestMatrix::bf16(&mut rng, 7, cols));
     for n in [1, 5] {
         let x = random_vec(&mut rng, n * cols);
         for path in paths() {
@@ -572,8 +703,12 @@ fn matmul_many_equals_one_matmul_per_matrix() {
 #[test]
 fn matmul_equals_dot_with_the_dequantised_row() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for m in TestMatrix::both(&mut rng, 9, 320) {
-        let x = random_vec(&mut rng, 320);
+    let matrices: Vec<TestMatrix> = [320, 300]
+        .into_iter()
+        .flat_map(|cols| TestMatrix::all(&mut rng, 9, cols))
+        .collect();
+    for m in matrices {
+        let x = random_vec(&mut rng, m.cols);
         for path in paths() {
             let y = run_matmul(path, &m.matrix(), &x, 1);
             let via_dot: Vec<f32> = (0..9)
@@ -587,11 +722,120 @@ fn matmul_equals_dot_with_the_dequantised_row() {
 #[test]
 fn a_matrix_without_columns_gives_zeros() {
     // The empty sum is +0.0 on every path, for single rows and token blocks alike.
-    let m = Matrix::bf16(&[], 11, 0).unwrap();
+    let empty = [Matrix::bf16(&[], 11, 0), Matrix::fp8_block(&[], &[], 11, 0)];
+    for m in empty.map(Result::unwrap) {
+        for path in paths() {
+            for n in [1, 2, 3, 5] {
+                let y = run_matmul(path, &m, &[], n);
+                assert!(
+                    y.iter().all(|v| v.to_bits() == 0),
+                    "{m:?} {path:?} n={n}: {y:?}"
+                );
+            }
+        }
+    }
+}
+
+/// x = the identity (cols rows, one-hot) makes y[t, r] = W[r, t] exactly, on every path and through the
+/// many-row kernels: checks each encoding's element order and scale lookup, partial FP8 blocks and BF16
+/// and FP8 tails included, against the test's own decoding.
+#[test]
+fn identity_products_give_the_decoded_weights() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    for m in [(130, 150), (257, 160), (3, 7)]
+        .into_iter()
+        .flat_map(|(rows, cols)| TestMatrix::all(&mut rng, rows, cols))
+    {
+        let (rows, cols) = (m.rows, m.cols);
+        let mut identity = vec![0.0; cols * cols];
+        for c in 0..cols {
+            identity[c * cols + c] = 1.0;
+        }
+        for path in paths() {
+            let y = run_matmul(path, &m.matrix(), &identity, cols);
+            for r in 0..rows {
+                for (c, &want) in m.dequantised_row(r).iter().enumerate() {
+                    // Value equality: an fma onto +0.0 turns a -0.0 weight into +0.0.
+                    let got = y[c * rows + r];
+                    assert!(
+                        got == want,
+                        "{} {path:?} [{r}, {c}]: {got:e} vs {want:e}",
+                        m.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// INT4 packing written out by hand: element j of a row is nibble j % 8 (low first) of little-endian
+/// I32 word j / 8, holding q + 8.
+#[test]
+fn int4_nibbles_are_little_endian_and_offset_by_8() {
+    let words: [u32; 4] = [0x7654_3210, 0xFEDC_BA98, 0x0123_4567, 0x89AB_CDEF];
+    let packed: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let scale = [f32_to_bf16(0.5)];
+    let m = Matrix::int4_group(&packed, &scale, 1, 32).unwrap();
+    let q = (-8..0).chain(0..8).chain((-8..0).rev()).chain((0..8).rev());
+    let want: Vec<f32> = q.map(|q| q as f32 * 0.5).collect();
+    let mut identity = vec![0.0; 32 * 32];
+    for c in 0..32 {
+        identity[c * 32 + c] = 1.0;
+    }
     for path in paths() {
-        for n in [1, 2, 3, 5] {
-            let y = run_matmul(path, &m, &[], n);
-            assert!(y.iter().all(|v| v.to_bits() == 0), "{path:?} n={n}: {y:?}");
+        assert_eq!(run_matmul(path, &m, &identity, 32), want, "{path:?}");
+    }
+}
+
+#[test]
+fn e4m3_decodes_every_byte_exactly() {
+    for byte in 0..=255u8 {
+        let (got, want) = (e4m3_to_f32(byte), e4m3_reference(byte));
+        assert!(
+            f64::from(got) == want || (got.is_nan() && want.is_nan()),
+            "{byte:#04x}: {got:e} vs {want:e}"
+        );
+    }
+    // Hand-written: one, the largest normal, the smallest normal and subnormal, signed zeros, NaNs.
+    let spots: [(u8, u32); 9] = [
+        (0x38, 0x3F80_0000),
+        (0x7E, 0x43E0_0000),
+        (0xFE, 0xC3E0_0000),
+        (0x08, 0x3C80_0000),
+        (0x01, 0x3B00_0000),
+        (0x00, 0x0000_0000),
+        (0x80, 0x8000_0000),
+        (0x7F, f32::NAN.to_bits()),
+        (0xFF, f32::NAN.to_bits()),
+    ];
+    for (byte, bits) in spots {
+        let got = e4m3_to_f32(byte);
+        assert!(
+            got.to_bits() == bits || (got.is_nan() && f32::from_bits(bits).is_nan()),
+            "{byte:#04x}: {got:e}"
+        );
+    }
+}
+
+/// A NaN byte (never in real weights) poisons its own row's product on every path, body or tail, and no
+/// other row's.
+#[test]
+fn fp8_nan_bytes_give_nan_rows() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (rows, cols) = (4, 40);
+    let mut m = TestMatrix::fp8(&mut rng, rows, cols, &FP8_SCALES);
+    if let Weights::Fp8(data, _) = &mut m.weights {
+        data[5] = 0x7F;
+        data[2 * cols + 35] = 0xFF;
+    }
+    for n in [1, 4] {
+        let x = random_vec(&mut rng, n * cols);
+        for path in paths() {
+            let y = run_matmul(path, &m.matrix(), &x, n);
+            for (i, v) in y.iter().enumerate() {
+                let poisoned = matches!(i % rows, 0 | 2);
+                assert_eq!(v.is_nan(), poisoned, "{path:?} n={n} row {}: {v}", i % rows);
+            }
         }
     }
 }
@@ -599,20 +843,32 @@ fn a_matrix_without_columns_gives_zeros() {
 #[test]
 fn row_slice_selects_rows() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);
-    for m in TestMatrix::both(&mut rng, 12, 64) {
-        let x = random_vec(&mut rng, 2 * 64);
+    let (rows, cols) = (300, 160);
+    for m in TestMatrix::all(&mut rng, rows, cols) {
+        let x = random_vec(&mut rng, 2 * cols);
         let full = run_matmul(detected_path(), &m.matrix(), &x, 2);
-        let slice = m.matrix().row_slice(5, 4);
-        assert_eq!((slice.rows(), slice.cols()), (4, 64));
-        let part = run_matmul(detected_path(), &slice, &x, 2);
-        for t in 0..2 {
-            assert_same_bits(
-                &part[t * 4..(t + 1) * 4],
-                &full[t * 12 + 5..t * 12 + 9],
-                &m.name(),
-            );
+        // Inside one 128-row block, and from block boundaries (the slices FP8 allows).
+        for (start, len) in [(5, 4), (130, 20), (128, 150), (256, 44), (0, 300), (17, 0)] {
+            let slice = m.matrix().row_slice(start, len);
+            assert_eq!((slice.rows(), slice.cols()), (len, cols));
+            let part = run_matmul(detected_path(), &slice, &x, 2);
+            for t in 0..2 {
+                assert_same_bits(
+                    &part[t * len..(t + 1) * len],
+                    &full[t * rows + start..t * rows + start + len],
+                    &format!("{} rows {start}+{len}", m.name()),
+                );
+            }
         }
     }
+}
+
+#[test]
+#[should_panic(expected = "cross a 128-row block boundary")]
+fn fp8_row_slice_rejects_a_misaligned_slice_across_blocks() {
+    Matrix::fp8_block(&[0; 300 * 7], &[1.0; 3], 300, 7)
+        .unwrap()
+        .row_slice(100, 50);
 }
 
 #[test]

@@ -91,9 +91,7 @@ impl Model {
             )?
         };
         Ok(Model {
-            embed: Embedding {
-                table: ld.linear(&desc.embed)?,
-            },
+            embed: Embedding::load(&ld, &desc.embed)?,
             layers,
             out_res: match &desc.residual {
                 Residual::AttnRes { out, .. } => Some(ld.res_score(out)?),

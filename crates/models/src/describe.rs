@@ -4,8 +4,8 @@
 
 use crate::ops::Act;
 use anyhow::{bail, Context, Result};
-use deltafin_formats::config::{Family, GqaConfig, ModelConfig, RopeConfig};
-use deltafin_store::record::layer_prefix;
+use deltafin_formats::config::{Family, GqaConfig, ModelConfig, Rope};
+use deltafin_store::record::{layer_prefix, moe_prefix};
 
 /// A BF16 matrix `[rows, cols]` of the checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,7 +108,7 @@ pub enum QueryPath {
     Direct(Mat),
 }
 
-/// Multi-head latent attention without positional rotation (contract §4 "Gated MLA, NoPE").
+/// Multi-head latent attention (contract §4 "Gated MLA, NoPE"; DeepSeek-V3 adds RoPE to the rope part).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mla {
     pub q: QueryPath,
@@ -125,6 +125,8 @@ pub struct Mla {
     pub v: usize,
     pub kv_lora: usize,
     pub latent_eps: f32,
+    /// Rotation of q's and k's rope parts (DeepSeek-V3); `None`: NoPE.
+    pub rotary: Option<Rope>,
 }
 
 /// A BF16 projection with its bias: `W x + b`.
@@ -148,7 +150,8 @@ pub struct Gqa {
     pub dim: usize,
     /// `Some(w)`: a query sees only the last `w` positions, itself included.
     pub window: Option<usize>,
-    pub rope: RopeConfig,
+    /// Rotate-half rotation of q and k.
+    pub rope: Rope,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -184,6 +187,9 @@ pub struct Router {
     pub top_k: usize,
     pub renormalize: bool,
     pub scale: f32,
+    /// Expert groups of consecutive ids, and how many of them the router keeps.
+    pub groups: usize,
+    pub topk_group: usize,
 }
 
 /// K3's latent projections around the routed experts: `z = down x`, `r = up · RMS(Σ w_i y_i, norm)`.
@@ -323,8 +329,6 @@ struct Choices {
     qk_norm: QkNorm,
     mla_gate: bool,
     act: Act,
-    /// Where a layer's MoE tensors live, under the layer prefix.
-    moe_prefix: &'static str,
     scoring: Scoring,
     /// The router bias's name under the MoE prefix.
     router_bias: &'static str,
@@ -342,7 +346,6 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::ClampedNorm,
             mla_gate: true,
             act: Act::Situ,
-            moe_prefix: "block_sparse_moe.",
             scoring: Scoring::SigmoidCorrected,
             router_bias: "gate.e_score_correction_bias",
         },
@@ -356,7 +359,6 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::EpsInsideSqrt,
             mla_gate: false,
             act: Act::SiluGlu,
-            moe_prefix: "block_sparse_moe.",
             scoring: Scoring::SigmoidCorrected,
             router_bias: "gate.e_score_correction_bias",
         },
@@ -371,9 +373,21 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::EpsInsideSqrt,
             mla_gate: false,
             act: Act::SiluGlu,
-            moe_prefix: "mlp.",
             scoring: Scoring::SoftmaxTopK,
             router_bias: "router.bias",
+        },
+        // transformers' DeepseekV3 (fixtures deepseek_v3_tiny_*, kimi_k2_tiny_int4): every layer MLA.
+        Family::DeepseekV3 => Choices {
+            head_prefix: "",
+            attn_res: false,
+            kda_gate_low_rank: false,
+            decay: DecayGate::Softplus,
+            a_log: ALogLayout::PerHead,
+            qk_norm: QkNorm::EpsInsideSqrt,
+            mla_gate: false,
+            act: Act::SiluGlu,
+            scoring: Scoring::SigmoidCorrected,
+            router_bias: "gate.e_score_correction_bias",
         },
     }
 }
@@ -441,7 +455,8 @@ impl Description {
 fn layer(cfg: &ModelConfig, c: &Choices, n: &Names, l: usize) -> Result<Layer> {
     let h = cfg.hidden;
     let attn = if let Some(g) = &cfg.gqa {
-        Attention::Gqa(Box::new(gqa(g, h, &n.sub("self_attn."), l)))
+        let rope = cfg.rope.as_ref().context("GQA layers need a RoPE config")?;
+        Attention::Gqa(Box::new(gqa(g, rope, h, &n.sub("self_attn."), l)))
     } else if cfg.is_mla[l] {
         Attention::Mla(Box::new(mla(cfg, c, n)))
     } else {
@@ -548,10 +563,11 @@ fn mla(cfg: &ModelConfig, c: &Choices, n: &Names) -> Mla {
         v,
         kv_lora,
         latent_eps: m.latent_norm_eps,
+        rotary: cfg.rope.clone(),
     }
 }
 
-fn gqa(g: &GqaConfig, h: usize, a: &Names, l: usize) -> Gqa {
+fn gqa(g: &GqaConfig, rope: &Rope, h: usize, a: &Names, l: usize) -> Gqa {
     let (q, kv) = (g.heads * g.head_dim, g.kv_heads * g.head_dim);
     let affine = |p: &str, rows, cols| Affine {
         weight: a.mat(&format!("{p}.weight"), rows, cols),
@@ -567,7 +583,7 @@ fn gqa(g: &GqaConfig, h: usize, a: &Names, l: usize) -> Gqa {
         kv_heads: g.kv_heads,
         dim: g.head_dim,
         window: g.sliding[l].then_some(g.window),
-        rope: g.rope.clone(),
+        rope: rope.clone(),
     }
 }
 
@@ -582,7 +598,7 @@ fn mlp(n: &Names, hidden: usize, width: usize, act: Act) -> Mlp {
 
 fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
     let (h, m) = (cfg.hidden, &cfg.moe);
-    let b = n.sub(c.moe_prefix);
+    let b = n.sub(moe_prefix(cfg.family));
     let gate = match c.scoring {
         Scoring::SigmoidCorrected => "gate.weight",
         Scoring::SoftmaxTopK => "router.weight",
@@ -595,6 +611,8 @@ fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
             top_k: m.top_k,
             renormalize: m.renormalize,
             scale: m.routed_scaling_factor,
+            groups: m.groups,
+            topk_group: m.topk_group,
         },
         latent: m.latent.map(|l| Latent {
             down: b.mat("routed_expert_down_proj.weight", l, h),

@@ -6,7 +6,7 @@ use crate::ops::Act;
 use anyhow::{bail, Result};
 use deltafin_kernels::codec::bf16_to_f32;
 use deltafin_kernels::{matmul, Matrix};
-use deltafin_store::record::{Encoding, ExpertRecord};
+use deltafin_store::record::{Encoding, ExpertRecord, Role};
 use deltafin_store::ExpertStore;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -113,7 +113,8 @@ impl ExpertSet {
         self.record.width
     }
 
-    /// `y = W2 · act(W1 x, W3 x)` for `n` rows of `x`, with expert `e`'s weights in `record`.
+    /// `y = W2 · act(W1 x, W3 x)` for `n` rows of `x`, with expert `e`'s weights in `record` (gpt-oss: gate
+    /// and up as one interleaved matrix, and biases).
     pub fn apply(
         &self,
         e: usize,
@@ -123,114 +124,101 @@ impl ExpertSet {
         stats: &Stats,
     ) -> Result<Vec<f32>> {
         let lay = &*self.record;
-        let part = |i: usize| {
-            let (at, len) = lay.part(i);
+        let part = |role: Role, k: usize| {
+            let (at, len) = lay.tensor(role, k);
             &record[at..at + len]
+        };
+        let mxfp4 = matches!(lay.encoding, Encoding::Mxfp4 | Encoding::Mxfp4Biased);
+        if mxfp4 {
+            for &(role, ..) in &lay.matrices {
+                // A vector search: the check runs on every use of a record.
+                if let Some(pos) = memchr::memchr(255, part(role, 1)) {
+                    bail!(
+                        "layer {} expert {e}: scale byte {pos} of {role:?} is 255 (NaN in e8m0); the checkpoint is damaged",
+                        self.layer,
+                    );
+                }
+            }
+        }
+        // Weights are read in place; only BF16 values (and scales, biases) are widened out of the byte record.
+        let owned: Vec<Vec<u16>> = lay
+            .matrices
+            .iter()
+            .map(|&(role, ..)| match lay.encoding {
+                Encoding::Bf16 => crate::weights::u16s(part(role, 0)),
+                Encoding::Int4Group => crate::weights::u16s(part(role, 1)),
+                Encoding::Mxfp4 | Encoding::Mxfp4Biased | Encoding::Fp8Block => Vec::new(),
+            })
+            .collect();
+        let scales_f32: Vec<Vec<f32>> = lay
+            .matrices
+            .iter()
+            .map(|&(role, ..)| match lay.encoding {
+                Encoding::Fp8Block => crate::weights::f32s(part(role, 1)),
+                _ => Vec::new(),
+            })
+            .collect();
+        let matrix = |role: Role| -> Result<Matrix> {
+            let i = (lay.matrices.iter().position(|m| m.0 == role))
+                .ok_or_else(|| anyhow::anyhow!("{:?} records have no {role:?}", lay.encoding))?;
+            let (_, rows, cols) = lay.matrices[i];
+            match lay.encoding {
+                Encoding::Mxfp4 | Encoding::Mxfp4Biased => Ok(Matrix::Mxfp4 {
+                    packed: part(role, 0),
+                    scales: part(role, 1),
+                    rows,
+                    cols,
+                }),
+                Encoding::Bf16 => Ok(Matrix::Bf16 {
+                    data: &owned[i],
+                    rows,
+                    cols,
+                }),
+                Encoding::Fp8Block => Matrix::fp8_block(part(role, 0), &scales_f32[i], rows, cols),
+                Encoding::Int4Group => Matrix::int4_group(part(role, 0), &owned[i], rows, cols),
+            }
+            .map_err(|m| anyhow::anyhow!("layer {} expert {e} {role:?}: {m}", self.layer))
+        };
+        // Adds matrix `role`'s bias to each row of `y`, where the encoding has biases.
+        let add_bias = |role: Role, y: &mut [f32]| {
+            if lay.encoding == Encoding::Mxfp4Biased {
+                let b: Vec<f32> = crate::weights::u16s(part(role, Encoding::BIAS))
+                    .into_iter()
+                    .map(bf16_to_f32)
+                    .collect();
+                y.chunks_mut(b.len())
+                    .for_each(|r| r.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
+            }
         };
         let (inter, width) = (lay.inter, lay.width);
         let mut h1 = vec![0.0; n * inter];
         let mut h3 = vec![0.0; n * inter];
         let mut a = vec![0.0; n * inter];
         let mut y = vec![0.0; n * width];
-        match lay.encoding {
-            Encoding::Mxfp4 => {
-                self.check_scales(e, [("w1", part(1)), ("w2", part(3)), ("w3", part(5))])?;
-                let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
-                    packed: part(p),
-                    scales: part(p + 1),
-                    rows,
-                    cols,
-                };
-                matmul(&mx(0, inter, width), x, n, &mut h1);
-                matmul(&mx(4, inter, width), x, n, &mut h3);
-                self.act.apply(&h1, &h3, &mut a);
-                matmul(&mx(2, width, inter), &a, n, &mut y);
-            }
-            Encoding::Mxfp4Biased => {
-                self.check_scales(e, [("gate_up_proj", part(1)), ("down_proj", part(4))])?;
-                let mx = |p: usize, rows, cols| Matrix::Mxfp4 {
-                    packed: part(p),
-                    scales: part(p + 1),
-                    rows,
-                    cols,
-                };
-                let bias = |p: usize| crate::weights::u16s(part(p)).into_iter().map(bf16_to_f32);
-                // gate_up rows alternate gate (2j) and up (2j + 1).
-                let mut gu = vec![0.0; n * 2 * inter];
-                matmul(&mx(0, 2 * inter, width), x, n, &mut gu);
-                for (row, (g, u)) in gu
-                    .chunks(2 * inter)
-                    .zip(h1.chunks_mut(inter).zip(h3.chunks_mut(inter)))
-                {
-                    for (j, b) in bias(2).enumerate() {
-                        let v = row[j] + b;
-                        if j % 2 == 0 {
-                            g[j / 2] = v;
-                        } else {
-                            u[j / 2] = v;
-                        }
-                    }
+        if lay.matrices.iter().any(|m| m.0 == Role::GateUp) {
+            let mut gu = vec![0.0; n * 2 * inter];
+            matmul(&matrix(Role::GateUp)?, x, n, &mut gu);
+            add_bias(Role::GateUp, &mut gu);
+            // Rows alternate gate (2j) and up (2j + 1).
+            for (row, (g, u)) in gu
+                .chunks(2 * inter)
+                .zip(h1.chunks_mut(inter).zip(h3.chunks_mut(inter)))
+            {
+                for ((pair, g), u) in row.chunks_exact(2).zip(g).zip(u) {
+                    (*g, *u) = (pair[0], pair[1]);
                 }
-                self.act.apply(&h1, &h3, &mut a);
-                matmul(&mx(3, width, inter), &a, n, &mut y);
-                let b: Vec<f32> = bias(5).collect();
-                y.chunks_mut(width)
-                    .for_each(|r| r.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
             }
-            Encoding::Bf16 => {
-                let w = |p: usize| crate::weights::u16s(part(p));
-                let (w1, w2, w3) = (w(0), w(1), w(2));
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w1,
-                        rows: inter,
-                        cols: width,
-                    },
-                    x,
-                    n,
-                    &mut h1,
-                );
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w3,
-                        rows: inter,
-                        cols: width,
-                    },
-                    x,
-                    n,
-                    &mut h3,
-                );
-                self.act.apply(&h1, &h3, &mut a);
-                matmul(
-                    &Matrix::Bf16 {
-                        data: &w2,
-                        rows: width,
-                        cols: inter,
-                    },
-                    &a,
-                    n,
-                    &mut y,
-                );
-            }
+        } else {
+            matmul(&matrix(Role::Gate)?, x, n, &mut h1);
+            matmul(&matrix(Role::Up)?, x, n, &mut h3);
         }
+        self.act.apply(&h1, &h3, &mut a);
+        matmul(&matrix(Role::Down)?, &a, n, &mut y);
+        add_bias(Role::Down, &mut y);
         stats
             .expert_bytes
             .fetch_add(record.len() as u64, Ordering::Relaxed);
         stats.expert_uses.fetch_add(1, Ordering::Relaxed);
         Ok(y)
-    }
-
-    /// E8M0 255 is NaN: refused (a vector search, so the check runs on every use of a record). `scales`:
-    /// (the matrix's name, its scale bytes).
-    fn check_scales<const N: usize>(&self, e: usize, scales: [(&str, &[u8]); N]) -> Result<()> {
-        for (w, bytes) in scales {
-            if let Some(pos) = memchr::memchr(255, bytes) {
-                bail!(
-                    "layer {} expert {e}: scale byte {pos} of {w} is 255 (NaN in e8m0); the checkpoint is damaged",
-                    self.layer
-                );
-            }
-        }
-        Ok(())
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::describe as desc;
 use crate::ops::axpy;
-use crate::rope::Rope;
+use crate::rope::{Pairing, Rotary};
 use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
 use deltafin_kernels::dot;
@@ -40,7 +40,7 @@ pub struct Gqa {
     kv_heads: usize,
     dim: usize,
     window: Option<usize>,
-    rope: Rope,
+    rope: Rotary,
 }
 
 /// Every position's rotated keys and values (`kv_heads × dim` each); sliding layers keep all positions too,
@@ -81,7 +81,7 @@ impl Gqa {
             kv_heads: d.kv_heads,
             dim: d.dim,
             window: d.window,
-            rope: Rope::new(&d.rope, d.dim),
+            rope: Rotary::new(&d.rope, d.dim, Pairing::Half),
         })
     }
 
@@ -98,7 +98,7 @@ impl Gqa {
         for (t, (qr, kr)) in q.chunks_mut(heads * dim).zip(k.chunks_mut(kw)).enumerate() {
             qr.chunks_mut(dim)
                 .chain(kr.chunks_mut(dim))
-                .for_each(|h| self.rope.apply(h, start + t));
+                .for_each(|h| self.rope.rotate(h, start + t));
         }
         cache.k.extend_from_slice(&k);
         cache.v.extend_from_slice(&v);

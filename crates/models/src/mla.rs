@@ -1,13 +1,15 @@
-//! Multi-head latent attention without positional rotation (contract §4 "Gated MLA, NoPE"), in the absorbed
-//! form: the cache keeps only the normed latent (kv_lora_rank values) and the shared `k_pe` per token, and each
-//! head scores against the latent through `W_UKᵀ q_nope`, expanding values with `W_UV` after the weighted sum.
-//! With no rotation this equals the expanded form in real arithmetic.
+//! Multi-head latent attention (contract §4 "Gated MLA, NoPE"; DeepSeek-V3's with RoPE on the rope part), in
+//! the absorbed form: the cache keeps only the normed latent (kv_lora_rank values) and the shared `k_pe` per
+//! token (rotated for its position, where the family has RoPE), and each head scores against the latent
+//! through `W_UKᵀ q_nope`, expanding values with `W_UV` after the weighted sum. The rotation touches only the
+//! rope part, so this equals the expanded form in real arithmetic.
 
 use crate::describe as desc;
 use crate::ops::{axpy, rms_norm, sigmoid, softmax};
+use crate::rope::{softmax_scale, Pairing, Rotary};
 use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
-use deltafin_kernels::{dot, matmul, matvec_t_bf16};
+use deltafin_kernels::{dot, matmul};
 use rayon::prelude::*;
 
 /// Where the queries come from ([`desc::QueryPath`]).
@@ -35,6 +37,10 @@ pub struct Mla {
     v: usize,
     kv_lora: usize,
     latent_eps: f32,
+    /// DeepSeek-V3's RoPE; `None`: NoPE.
+    rotary: Option<Rotary>,
+    /// The softmax scale (YaRN's mscale² included).
+    scale: f32,
 }
 
 /// The compact per-layer cache: `kv_lora + rope` f32 values per token.
@@ -85,6 +91,8 @@ impl Mla {
             v: d.v,
             kv_lora: d.kv_lora,
             latent_eps: d.latent_eps,
+            rotary: (d.rotary.as_ref()).map(|r| Rotary::new(r, d.rope, Pairing::Interleaved)),
+            scale: softmax_scale(d.nope + d.rope, d.rotary.as_ref()),
         })
     }
 
@@ -118,25 +126,36 @@ impl Mla {
             }
             QueryPath::Direct(_) => q_x,
         };
-        // 2. the latent and the shared k_pe, appended to the cache before attending (causal within the pass).
+        // 2. the latent and the shared k_pe (rotated for its position), appended to the cache before attending
+        // (causal within the pass).
         let start = cache.lat.len() / kvl;
-        for row in c.chunks(kvl + rope) {
+        for (t, row) in c.chunks(kvl + rope).enumerate() {
             let mut lat = row[..kvl].to_vec();
             rms_norm(&mut lat, &self.kv_norm, self.latent_eps);
             cache.lat.extend_from_slice(&lat);
-            cache.pe.extend_from_slice(&row[kvl..]);
+            let mut pe = row[kvl..].to_vec();
+            if let Some(r) = &self.rotary {
+                r.rotate(&mut pe, start + t);
+            }
+            cache.pe.extend_from_slice(&pe);
+        }
+        let mut q = q;
+        if let Some(r) = &self.rotary {
+            for (i, q_h) in q.chunks_mut(qd).enumerate() {
+                r.rotate(&mut q_h[nope..], start + i / heads);
+            }
         }
         // 3–4. per row and head: absorbed scores, softmax over positions ≤ its own, weighted latent, W_UV.
-        let scale = 1.0 / (qd as f32).sqrt();
+        let scale = self.scale;
         let mut attn = vec![0.0f32; n * heads * dv];
         let cache = &*cache;
         attn.par_chunks_mut(dv).enumerate().for_each(|(idx, out)| {
             let (t, hd) = (idx / heads, idx % heads);
             let q_h = &q[t * heads * qd + hd * qd..][..qd];
             let base = hd * (nope + dv);
-            let w_uk = &self.kv_b.data[base * kvl..(base + nope) * kvl];
             let mut q_lat = vec![0.0f32; kvl];
-            matvec_t_bf16(w_uk, nope, kvl, &q_h[..nope], &mut q_lat);
+            self.kv_b
+                .matvec_t_rows(base, nope, &q_h[..nope], &mut q_lat);
             let upto = start + t + 1;
             let mut p: Vec<f32> = (0..upto)
                 .map(|s| {

@@ -40,7 +40,9 @@ impl Mlp {
     }
 }
 
-/// The router ([`Scoring`]): noaux_tc (K3, Kimi Linear) or gpt-oss's biased softmax over the top k.
+/// The router ([`Scoring`]): noaux_tc (K3, Kimi Linear, DeepSeek-V3: sigmoid scores; the correction bias
+/// only chooses, first among groups of consecutive experts, then among the kept groups' experts; weights
+/// renormalised and scaled) or gpt-oss's biased softmax over the top k.
 pub struct Router {
     gate: Linear,
     bias: Vec<f32>,
@@ -48,6 +50,8 @@ pub struct Router {
     top_k: usize,
     renormalize: bool,
     scale: f32,
+    groups: usize,
+    topk_group: usize,
 }
 
 /// One row's selection: expert ids in ascending order (the canonical summation order) with their weights.
@@ -71,10 +75,28 @@ impl Router {
             .chunks(e)
             .map(|row| {
                 let scores: Vec<f32> = row.iter().map(|&l| sigmoid(l)).collect();
-                let mut order: Vec<usize> = (0..e).collect();
-                // Highest choice score first; equal scores: the lower id wins (a total, deterministic order).
                 let choice = |i: usize| scores[i] + self.bias[i];
-                order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)).then(a.cmp(&b)));
+                // Highest score first; equal scores: the lower id wins (a total, deterministic order).
+                let best_first = |ids: &mut [usize], score: &dyn Fn(usize) -> f32| {
+                    ids.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)))
+                };
+                let mut order: Vec<usize> = (0..e).collect();
+                if self.groups > 1 {
+                    // A group scores the sum of its two best choice scores; only the best groups' experts compete.
+                    let size = e / self.groups;
+                    let group_score: Vec<f32> = (0..self.groups)
+                        .map(|g| {
+                            let mut c: Vec<f32> = (g * size..(g + 1) * size).map(choice).collect();
+                            c.sort_by(|a, b| b.total_cmp(a));
+                            c.iter().take(2).sum::<f32>()
+                        })
+                        .collect();
+                    let mut groups: Vec<usize> = (0..self.groups).collect();
+                    best_first(&mut groups, &|g| group_score[g]);
+                    groups.truncate(self.topk_group);
+                    order.retain(|i| groups.contains(&(i / size)));
+                }
+                best_first(&mut order, &choice);
                 let mut ids = order[..self.top_k].to_vec();
                 ids.sort_unstable();
                 let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
@@ -130,6 +152,8 @@ impl Moe {
                 top_k: r.top_k,
                 renormalize: r.renormalize,
                 scale: r.scale,
+                groups: r.groups,
+                topk_group: r.topk_group,
             },
             latent: match &d.latent {
                 Some(l) => Some(Latent {

@@ -86,3 +86,48 @@ fn each_family_makes_its_contract_choices() {
         }
     }
 }
+
+/// DeepSeek-V3 / Kimi K2 as transformers writes them (tests/fixtures; BF16 spine in both): the description
+/// names every spine tensor once, every layer MLA with YaRN RoPE, the MoE layers with the config's groups.
+#[test]
+fn deepseek_v3_description_matches_the_released_layout() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    for (fixture, groups) in [
+        ("deepseek_v3_tiny_bf16", (4, 2)),
+        ("kimi_k2_tiny_int4", (1, 1)),
+    ] {
+        let dir = root.join(fixture);
+        let cfg = ModelConfig::from_dir(&dir).unwrap();
+        let desc = Description::of(&cfg).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        let mut names: Vec<&str> = desc.globals();
+        names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
+        let listed: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(
+            listed.len(),
+            names.len(),
+            "{fixture}: a tensor is described twice"
+        );
+        let spine: BTreeSet<&str> = ck
+            .tensors()
+            .map(|t| t.name.as_str())
+            .filter(|n| !is_routed_expert(n))
+            .collect();
+        assert_eq!(listed, spine, "{fixture}");
+        assert_eq!(desc.residual, Residual::PreNorm);
+        for (l, layer) in desc.layers.iter().enumerate() {
+            let Attention::Mla(m) = &layer.attn else {
+                panic!("{fixture}: layer {l} is not MLA")
+            };
+            assert!(m.rotary.as_ref().is_some_and(|r| r.yarn.is_some()));
+            assert!(m.gate.is_none() && matches!(m.q, QueryPath::LowRank { .. }));
+            match &layer.ffn {
+                FeedForward::Dense(_) => assert!(l < cfg.first_k_dense),
+                FeedForward::Moe(m) => {
+                    assert_eq!((m.router.groups, m.router.topk_group), groups);
+                    assert_eq!(m.act, Act::SiluGlu);
+                }
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@ use crate::gpu::{DevBuf, Pinned};
 use crate::kernels::{Act, ExpertVariant};
 use crate::plan::{Ring, SlotCache};
 use cudarc::driver::CudaEvent;
-use deltafin_store::record::{Encoding, ExpertRecord};
+use deltafin_store::record::{Encoding, ExpertRecord, Role};
 
 /// What the CUDA expert kernels need of the shared record layout ([`ExpertRecord`], the one description of
 /// where an expert's tensors sit): which kernels read it, and the shared memory they stage it in.
@@ -39,10 +39,22 @@ impl ExpertKernels for ExpertRecord {
     }
 
     fn offsets(&self) -> [u64; 6] {
+        // The kernels' order: w1, w2, w3 (MXFP4: packed then scales of each).
+        let tensors: &[(Role, usize)] = if self.mxfp4() {
+            &[
+                (Role::Gate, 0),
+                (Role::Gate, 1),
+                (Role::Down, 0),
+                (Role::Down, 1),
+                (Role::Up, 0),
+                (Role::Up, 1),
+            ]
+        } else {
+            &[(Role::Gate, 0), (Role::Down, 0), (Role::Up, 0)]
+        };
         let mut at = [0u64; 6];
-        let n = if self.mxfp4() { 6 } else { 3 };
-        for (i, o) in at.iter_mut().enumerate().take(n) {
-            *o = self.part(i).0 as u64;
+        for (o, &(role, k)) in at.iter_mut().zip(tensors) {
+            *o = self.tensor(role, k).0 as u64;
         }
         at
     }

@@ -74,7 +74,8 @@ impl Block {
                 rows: p.rows,
                 cols,
             });
-            self.bytes.extend_from_slice(as_bytes(&p.data));
+            self.bytes
+                .extend_from_slice(as_bytes(p.bf16().expect("ld_mat loads BF16 only")));
         }
         (Lin { at, rows, cols }, placed)
     }
@@ -99,6 +100,17 @@ pub struct Source {
 impl Source {
     pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
         let cfg = ModelConfig::from_dir(dir)?;
+        let family = match cfg.family {
+            Family::DeepseekV3 => Some("the DeepSeek-V3 / Kimi K2 family"),
+            Family::GptOss => Some("gpt-oss"),
+            Family::KimiK3 | Family::KimiLinear => None,
+        };
+        if let Some(family) = family {
+            bail!(
+                "{}: {family} is not yet on CUDA; use --device cpu",
+                dir.display()
+            );
+        }
         let ck = Checkpoint::open(dir)?;
         let mut load = load.clone();
         // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
@@ -117,7 +129,11 @@ fn ld_mat(ld: &Loader, m: &Mat) -> Result<Linear> {
             m.cols
         );
     }
-    ld.linear(m)
+    let l = ld.linear(m)?;
+    if l.bf16().is_none() {
+        bail!("{}: the CUDA kernels read BF16 matrices only", m.name);
+    }
+    Ok(l)
 }
 
 /// Puts the embeddings and head, and the layers that fit in `spine_vram` (`plan_spine`), in VRAM of their own;
@@ -201,12 +217,6 @@ impl CudaModel {
                     record: layout,
                 },
         } = Source::open(dir, load)?;
-        if cfg.family == Family::GptOss {
-            bail!(
-                "{}: gpt-oss is not yet on CUDA; use --device cpu",
-                dir.display()
-            );
-        }
         let values = attn_res_values(cfg.num_layers, cfg.attn_res_block);
         if values > MIX_VALUES {
             bail!(
@@ -425,7 +435,7 @@ impl CudaModel {
         let embed = ld_mat(&ld, &desc.embed)?;
         // One row of the embedding table is read per token: not counted as matrix bytes.
         let embed = Lin {
-            at: head.put(as_bytes(&embed.data)),
+            at: head.put(as_bytes(embed.bf16().expect("ld_mat loads BF16 only"))),
             rows: embed.rows,
             cols: embed.cols,
         };

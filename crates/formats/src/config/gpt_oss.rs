@@ -12,25 +12,6 @@ pub struct GqaConfig {
     /// `sliding[l]`: layer l sees only its last `window` positions (itself included); otherwise all.
     pub sliding: Vec<bool>,
     pub window: usize,
-    pub rope: RopeConfig,
-}
-
-/// Rotate-half RoPE, optionally YaRN-scaled.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RopeConfig {
-    pub theta: f64,
-    pub yarn: Option<YarnConfig>,
-}
-
-/// transformers' `_compute_yarn_parameters` inputs (no `mscale`/`mscale_all_dim`: gpt-oss has none).
-#[derive(Clone, Debug, PartialEq)]
-pub struct YarnConfig {
-    pub factor: f64,
-    pub beta_fast: f64,
-    pub beta_slow: f64,
-    pub original_max_position: usize,
-    /// Whether the correction range is floored/ceiled (gpt-oss: false).
-    pub truncate: bool,
 }
 
 pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
@@ -83,8 +64,12 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
             shared_width: 0,
             routed_scaling_factor: 1.0,
             renormalize: true,
+            groups: 1,
+            topk_group: 1,
         },
         attn_res_block: None,
+        rope: Some(rope::parse(root)?),
+        quant: Quant::None,
         bos_token_id: opt_u32(root, "bos_token_id")?,
         eos_token_id: opt_u32(root, "eos_token_id")?,
         gqa: Some(GqaConfig {
@@ -93,7 +78,6 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
             head_dim,
             sliding,
             window,
-            rope: rope(root)?,
         }),
         swiglu_limit: Some(swiglu_limit),
     };
@@ -149,84 +133,6 @@ fn layer_types(root: &Map<String, Value>, num_layers: usize) -> Result<Vec<bool>
         .collect()
 }
 
-/// `rope_theta` with `rope_scaling` (or transformers 5's `rope_parameters`): none, or YaRN without mscale.
-fn rope(root: &Map<String, Value>) -> Result<RopeConfig> {
-    let scaling = ["rope_scaling", "rope_parameters"]
-        .iter()
-        .find(|f| root.get(**f).is_some_and(|v| !v.is_null()))
-        .map(|f| obj_field(root, f).map(|o| (*f, o)))
-        .transpose()?;
-    let theta_in = |o: &Map<String, Value>| -> Result<Option<f64>> {
-        o.get("rope_theta")
-            .map(|v| {
-                v.as_f64()
-                    .with_context(|| format!("field `rope_theta` must be a number, found {v}"))
-            })
-            .transpose()
-    };
-    let theta = match (theta_in(root)?, scaling) {
-        (Some(t), _) => t,
-        (None, Some((_, o))) => theta_in(o)?.context("missing field `rope_theta`")?,
-        (None, None) => bail!("missing field `rope_theta`"),
-    };
-    if !(theta.is_finite() && theta > 1.0) {
-        bail!("field `rope_theta` is {theta}; it must be a number above 1");
-    }
-    let Some((field, s)) = scaling else {
-        return Ok(RopeConfig { theta, yarn: None });
-    };
-    let kind = match s.get("rope_type").or(s.get("type")) {
-        Some(v) => v.as_str().unwrap_or_default(),
-        None => "default",
-    };
-    match kind {
-        "default" => return Ok(RopeConfig { theta, yarn: None }),
-        "yarn" => {}
-        other => bail!("field `{field}.rope_type` is {other:?}; deltafin implements \"yarn\" (and none) for gpt-oss"),
-    }
-    for f in ["mscale", "mscale_all_dim", "attention_factor"] {
-        if s.get(f).is_some_and(|v| !v.is_null()) {
-            bail!("field `{field}.{f}` is set; deltafin implements gpt-oss's YaRN, whose attention factor is 0.1·ln(factor) + 1");
-        }
-    }
-    let num = |f: &str, default: Option<f64>| -> Result<f64> {
-        match (s.get(f), default) {
-            (None | Some(Value::Null), Some(d)) => Ok(d),
-            (None | Some(Value::Null), None) => bail!("missing field `{field}.{f}`"),
-            (Some(v), _) => v
-                .as_f64()
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .with_context(|| {
-                    format!("field `{field}.{f}` must be a positive number, found {v}")
-                }),
-        }
-    };
-    let truncate = match s.get("truncate") {
-        None | Some(Value::Null) => true,
-        Some(v) => v.as_bool().with_context(|| {
-            format!("field `{field}.truncate` must be true or false, found {v}")
-        })?,
-    };
-    let yarn = YarnConfig {
-        factor: num("factor", None)?,
-        beta_fast: num("beta_fast", Some(32.0))?,
-        beta_slow: num("beta_slow", Some(1.0))?,
-        original_max_position: bounded(s, "original_max_position_embeddings", MAX_DIM << 4)?,
-        truncate,
-    };
-    if yarn.factor < 1.0 || yarn.original_max_position == 0 {
-        bail!(
-            "field `{field}` has factor {} and original_max_position_embeddings {}; YaRN needs factor ≥ 1 and a positive length",
-            yarn.factor,
-            yarn.original_max_position
-        );
-    }
-    Ok(RopeConfig {
-        theta,
-        yarn: Some(yarn),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,11 +153,12 @@ mod tests {
         let g = cfg.gqa.as_ref().unwrap();
         assert_eq!((g.heads, g.kv_heads, g.head_dim, g.window), (4, 2, 32, 6));
         assert_eq!(g.sliding, vec![true, false, true, false]);
-        let y = g.rope.yarn.as_ref().unwrap();
+        let y = cfg.rope.as_ref().unwrap().yarn.as_ref().unwrap();
         assert_eq!(
             (y.factor, y.original_max_position, y.truncate),
             (32.0, 4096, false)
         );
+        assert_eq!((y.mscale, y.mscale_all_dim), (None, None));
         assert_eq!((cfg.moe.num_experts, cfg.moe.top_k), (16, 4));
         assert_eq!(cfg.swiglu_limit, Some(7.0));
     }
