@@ -61,9 +61,20 @@ pub(crate) fn dims(preset: Preset) -> Result<Dims> {
             intermediate: 256,
             window: 128,
         },
-        Preset::Bench | Preset::Wide => {
-            bail!("the {} preset exists for kimi_k3 only", preset.name())
-        }
+        // I/O-shaped: gpt-oss-120b's attention and expert shapes (2880 → 2 × 2880 → 2880, one layer-expert's
+        // blocks, scales and biases are 13.24 MB), top-4 of 64 experts in 4 layers.
+        Preset::Bench => Dims {
+            hidden: 2880,
+            layers: 4,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: 64,
+            experts: 64,
+            experts_per_token: 4,
+            intermediate: 2880,
+            window: 128,
+        },
+        Preset::Wide => bail!("the wide preset exists for kimi_k3 only"),
     })
 }
 
