@@ -389,3 +389,55 @@ pub(crate) fn layout(d: &Dims, quant: Quant) -> Layout {
     )]);
     l
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_formats::config::ModelConfig;
+    use deltafin_formats::writer::TensorSpec;
+
+    fn bytes(specs: &[Spec]) -> usize {
+        specs
+            .iter()
+            .map(|s| TensorSpec::new(s.name.clone(), s.dtype, &s.shape).nbytes())
+            .sum()
+    }
+
+    /// Every preset's config parses as the family the engine runs, with the sizes written.
+    #[test]
+    fn every_preset_parses_as_the_engine_reads_it() {
+        for arch in [Arch::DeepseekV3, Arch::KimiK2] {
+            for preset in [Preset::Tiny, Preset::Small, Preset::Bench] {
+                for quant in [Quant::Bf16, Quant::Fp8, Quant::Int4] {
+                    let d = dims(arch, preset).unwrap();
+                    let c = ModelConfig::from_json(&config(arch, &d, quant))
+                        .unwrap_or_else(|e| panic!("{arch:?} {preset:?} {quant:?}: {e:#}"));
+                    let got = (c.hidden, c.num_layers, c.moe.num_experts, c.moe.top_k);
+                    let want = (d.hidden, d.layers, d.experts, d.experts_per_token);
+                    assert_eq!(got, want, "{arch:?} {preset:?} {quant:?}");
+                    assert_eq!((c.moe.groups, c.moe.topk_group), (d.n_group, d.topk_group));
+                }
+            }
+        }
+    }
+
+    /// The bench preset's expert records are the released ones: 7168 → 2048 → 7168 in FP8 (e4m3 and
+    /// 16 × 56 F32 block scales per matrix) and INT4 (packed words, BF16 group scales, the shape).
+    #[test]
+    fn bench_records_have_the_released_sizes() {
+        let d = dims(Arch::DeepseekV3, Preset::Bench).unwrap();
+        let m = 2048 * 7168;
+        for (quant, want) in [
+            (Quant::Fp8, 3 * (m + 16 * 56 * 4)),
+            (Quant::Int4, 3 * (m / 2 + m / 32 * 2 + 16)),
+        ] {
+            let l = layout(&d, quant);
+            let record = l
+                .groups
+                .iter()
+                .find(|g| g[0].name.contains(".experts.0."))
+                .unwrap();
+            assert_eq!(bytes(record), want, "{quant:?}");
+        }
+    }
+}

@@ -282,3 +282,27 @@ pub(crate) fn write_tokenizer(out: &Path) -> Result<()> {
     write("tokenizer_config.json", TOKENIZER_CONFIG)?;
     write("generation_config.json", GENERATION_CONFIG)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_formats::writer::TensorSpec;
+
+    /// One expert of a bench layer is gpt-oss-120b's: 2880 → 2 × 2880 MXFP4 blocks (16 bytes a group of 32)
+    /// and e8m0 scales, BF16 biases, and the same for 2880 → 2880.
+    #[test]
+    fn bench_expert_has_the_released_size() {
+        let d = dims(Preset::Bench).unwrap();
+        let layer_experts: usize = layout(&d)
+            .groups
+            .iter()
+            .flatten()
+            .filter(|s| s.name.starts_with("model.layers.0.mlp.experts."))
+            .map(|s| TensorSpec::new(s.name.clone(), s.dtype, &s.shape).nbytes())
+            .sum();
+        let (gate_up, down) = (2 * 2880, 2880);
+        let want = gate_up * (90 * 17 + 2) + down * (90 * 17 + 2);
+        assert_eq!(layer_experts / d.experts, want);
+        assert_eq!(want, 13_236_480);
+    }
+}
