@@ -1,5 +1,6 @@
 //! `deltafin bench`: decode on an I/O-shaped K3 (real 17,547,264-byte expert records, top-16 routing, about
-//! 10 GB) against the drive's own bandwidth measured in the same run with the same read path.
+//! 10 GB) — or with `--arch` the `bench` preset of gpt_oss, deepseek_v3 or kimi_k2, each with its release's
+//! expert records — against the drive's own bandwidth measured in the same run with the same read path.
 //!
 //! Per decode step: t_io = bytes read / disk bandwidth (the I/O bound), t_compute = step time minus the time
 //! the model waited for reads (what the step costs with the bytes at hand), efficiency = max(t_io, t_compute)
@@ -50,6 +51,10 @@ pub struct BenchArgs {
     /// 260 MB), wide (K3's real widths, about 4 GB) or bench (K3's expert shapes, about 10 GB).
     #[arg(long, default_value = "small", value_parser = compute_preset)]
     preset: Preset,
+    /// The I/O benchmark's model: the bench preset of kimi_k3, gpt_oss, deepseek_v3 or kimi_k2
+    /// (docs/presets.md), created in the cache directory on first use.
+    #[arg(long, default_value = "kimi_k3")]
+    arch: Arch,
     #[command(flatten)]
     device: DeviceArgs,
 }
@@ -74,6 +79,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => crate::default_cache_dir()?,
     };
+    if a.compute && a.arch != Arch::KimiK3 {
+        bail!(
+            "--compute measures kimi_k3 presets (--preset); --arch picks the I/O benchmark's model"
+        );
+    }
     match (a.compute, a.device.device) {
         (true, Device::Cpu) => return compute_bench(&cache, &a),
         (true, Device::Cuda(ordinal)) => return gpu_bench(&cache, &a, ordinal),
@@ -82,11 +92,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         (false, Device::Cpu) => {}
     }
-    let dir = bench_model(&cache)?;
+    if a.arch == Arch::KimiLinear {
+        bail!("--arch kimi_linear has no bench preset: choose kimi_k3, gpt_oss, deepseek_v3 or kimi_k2");
+    }
+    let dir = bench_model(&cache, a.arch)?;
+    // The probe reads in the model's own record size.
+    let record = Model::load_with(&dir, &StoreArgs::default().load_options(&dir)?)?
+        .store()
+        .record_len();
     // The drive, measured through the engine's read path on the model's own largest shard — before every
     // configuration, since a shared virtual disk's speed drifts; the median is the bound.
     let shard = largest_shard(&dir)?;
-    let measure = || probe::probe(&shard, 1 << 30, 17_547_264, 1 << 20, 8, true);
+    let measure = || probe::probe(&shard, 1 << 30, record, 1 << 20, 8, true);
     let disk = measure()?;
     let mut probes = vec![disk.gbps()];
     let dd_gbps = dd_direct(&shard);
@@ -127,7 +144,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "disk_probes_gbps": probes,
             "dd_direct_gbps": dd_gbps,
             "io_mode": format!("{:?}", disk.mode),
-            "record_bytes": 17_547_264,
+            "arch": a.arch.name(),
+            "record_bytes": record,
             "batch": a.batch,
             "configs": configs.iter().map(|(name, cache, prefetch, s)| json!({
                 "name": name, "expert_cache_bytes": cache, "prefetch": prefetch,
@@ -208,16 +226,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The bench model (about 10 GB) in `cache`, created on first use.
-fn bench_model(cache: &Path) -> Result<PathBuf> {
-    let dir = cache.join("kimi_k3-bench-seed0");
+/// `arch`'s bench model (4-10 GB) in `cache`, created on first use.
+fn bench_model(cache: &Path, arch: Arch) -> Result<PathBuf> {
+    let dir = cache.join(format!("{}-bench-seed0", arch.name()));
     if !dir.join("config.json").exists() {
         eprintln!(
-            "creating the bench model (about 10 GB) in {} ...",
+            "creating the bench model (4-10 GB) in {} ...",
             dir.display()
         );
         crate::create_atomically(&dir, |tmp| {
-            make_model(Arch::KimiK3, Preset::Bench, 0, tmp).map(|_| ())
+            make_model(arch, Preset::Bench, 0, tmp).map(|_| ())
         })?;
     }
     Ok(dir)
@@ -443,7 +461,7 @@ fn compute_preset(s: &str) -> Result<Preset> {
 /// Prefill and decode on `a.preset` with all experts in the RAM cache: the compute path alone.
 fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     let dir = match a.preset {
-        Preset::Bench => bench_model(cache)?,
+        Preset::Bench => bench_model(cache, Arch::KimiK3)?,
         p => {
             let dir = cache.join(format!("kimi_k3-{}-seed0", p.name()));
             if !dir.join("config.json").exists() {
@@ -589,7 +607,7 @@ fn memory_bandwidth() -> f64 {
 fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
     // Before creating 10 GB for nothing.
     deltafin_cuda::availability().context("--device cuda")?;
-    let dir = bench_model(cache)?;
+    let dir = bench_model(cache, Arch::KimiK3)?;
     // The RAM expert cache holds every expert (about 10 GB), and from it the VRAM cache.
     let store = StoreArgs {
         expert_cache: Some("12G".into()),

@@ -18,7 +18,7 @@ mod tokenize;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use deltafin_cuda::Device;
-use deltafin_makemodel::{make_padded_model, Arch, Preset};
+use deltafin_makemodel::{make_deepseek_model, make_padded_model, Arch, Preset, Quant};
 use deltafin_models::Model;
 use std::path::{Path, PathBuf};
 
@@ -194,11 +194,12 @@ impl SamplingArgs {
 
 #[derive(Args)]
 struct MakeModelArgs {
-    /// Architecture: kimi_k3, kimi_linear or gpt_oss.
+    /// Architecture: kimi_k3, kimi_linear, gpt_oss, deepseek_v3 or kimi_k2.
     #[arg(long)]
     arch: Arch,
-    /// Size: tiny (unit tests, a few MB), small (>= 64 experts per layer, a few hundred MB), or for kimi_k3
-    /// bench (K3's expert records, about 10 GB) or wide (K3's real widths in 3 layers, about 4 GB).
+    /// Size: tiny (unit tests, a few MB), small (>= 64 experts per layer, a few hundred MB), bench (the
+    /// released expert records, 4-10 GB; not kimi_linear) or for kimi_k3 wide (K3's real widths in 3 layers,
+    /// about 4 GB). docs/presets.md lists them.
     #[arg(long)]
     preset: Preset,
     /// Seed of the random weights: the same seed writes byte-identical files.
@@ -212,6 +213,10 @@ struct MakeModelArgs {
     /// have no text (default: none).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pad_vocab: usize,
+    /// deepseek_v3 and kimi_k2: how the linears are stored: fp8 (e4m3, 128×128 block scales; deepseek_v3's
+    /// default), int4 (compressed-tensors pack-quantized routed experts; kimi_k2's default) or bf16.
+    #[arg(long)]
+    quant: Option<Quant>,
 }
 
 fn main() {
@@ -266,8 +271,10 @@ fn run(cli: Cli) -> Result<()> {
                     a.out.display()
                 );
             }
-            let s = progress::while_busy("writing the checkpoint", || {
-                make_padded_model(a.arch, a.preset, a.seed, a.pad_vocab, &a.out)
+            let s = progress::while_busy("writing the checkpoint", || match a.quant {
+                Some(q) if a.pad_vocab > 0 => bail!("--quant {q:?} takes no --pad-vocab"),
+                Some(q) => make_deepseek_model(a.arch, a.preset, a.seed, q, &a.out),
+                None => make_padded_model(a.arch, a.preset, a.seed, a.pad_vocab, &a.out),
             })?;
             println!("{}: {s}", a.out.display());
             Ok(())

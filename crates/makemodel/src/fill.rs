@@ -22,6 +22,13 @@ pub enum Init {
     RandomBytes,
     /// e8m0 group scales making the dequantised weights' std about 1/sqrt(fan_in).
     E8m0Scale { fan_in: usize },
+    /// FP8 e4m3 bytes with magnitudes in [0.25, 3.75]: every sign and mantissa, never NaN.
+    E4m3,
+    /// F32 `weight_scale_inv` of [`Init::E4m3`] weights: 2^b · (1 + k/8), 4 significant bits so every
+    /// fp8 × scale is a BF16 value, making the weights' std about 1/sqrt(fan_in).
+    Fp8BlockScale { fan_in: usize },
+    /// The two I64 values of compressed-tensors' `weight_shape`.
+    Shape([u64; 2]),
 }
 
 /// Mean of e2m1² over the 16 nibble values (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6): 68.5 / 8.
@@ -31,6 +38,16 @@ const E2M1_MEAN_SQUARE: f64 = 8.5625;
 /// or +1 (mean of 4^offset = 1.75) is applied: E[w²] = 8.5625 · 1.75 · 4^base ≈ 1/fan_in.
 fn e8m0_base(fan_in: usize) -> i32 {
     127 - ((E2M1_MEAN_SQUARE * 1.75 * fan_in as f64).log2() / 2.0).round() as i32
+}
+
+/// E[w²] of [`Init::E4m3`] draws (exponents -2..=1, mantissas 1 + m/8): 1.328 · 2.148.
+const E4M3_MEAN_SQUARE: f64 = 2.853;
+/// E[(1 + k/8)²] over k in 0..8: the mantissa of both the e4m3 draws and their scales.
+const MANTISSA3_MEAN_SQUARE: f64 = 2.148;
+
+/// The power of two b making 2^b · (1 + k/8) · e4m3 have std about 1/sqrt(fan_in).
+fn fp8_scale_exponent(fan_in: usize) -> i32 {
+    -((E4M3_MEAN_SQUARE * MANTISSA3_MEAN_SQUARE * fan_in as f64).log2() / 2.0).round() as i32
 }
 
 /// std of the sum of four uniform u16 values: sqrt(4 · (65536² − 1) / 12).
@@ -64,12 +81,35 @@ pub fn fill(rng: &mut ChaCha8Rng, init: Init, dtype: Dtype, count: usize) -> Vec
             (0..count).for_each(|i| push(u.get(i).map_or(0.0, |v| v.ln())));
         }
         Init::RandomBytes => {
-            out.resize(count, 0);
+            out.resize(count * dtype.size(), 0);
             rng.fill_bytes(&mut out);
         }
         Init::E8m0Scale { fan_in } => {
             let base = e8m0_base(fan_in);
             out.extend((0..count).map(|_| (base + rng.gen_range(-1..=1)) as u8));
+        }
+        Init::E4m3 => out.extend((0..count).map(|_| {
+            // Sign, exponent field 5..=8 (bias 7), mantissa: the field never reaches 15, e4m3fn's NaN.
+            let (sign, exp, mant) = (
+                rng.gen_range(0..2u8),
+                rng.gen_range(5..=8u8),
+                rng.gen_range(0..8u8),
+            );
+            sign << 7 | exp << 3 | mant
+        })),
+        Init::Fp8BlockScale { fan_in } => {
+            let unit = 2f32.powi(fp8_scale_exponent(fan_in));
+            (0..count).for_each(|_| push(unit * (1.0 + rng.gen_range(0..8u8) as f32 / 8.0)));
+        }
+        Init::Shape(values) => {
+            assert_eq!(
+                count,
+                values.len(),
+                "a weight_shape tensor holds two values"
+            );
+            values
+                .iter()
+                .for_each(|v| out.extend_from_slice(&(*v as i64).to_le_bytes()));
         }
     }
     out

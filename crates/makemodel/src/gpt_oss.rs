@@ -61,9 +61,20 @@ pub(crate) fn dims(preset: Preset) -> Result<Dims> {
             intermediate: 256,
             window: 128,
         },
-        Preset::Bench | Preset::Wide => {
-            bail!("the {} preset exists for kimi_k3 only", preset.name())
-        }
+        // I/O-shaped: gpt-oss-120b's attention and expert shapes (2880 → 2 × 2880 → 2880, one layer-expert's
+        // blocks, scales and biases are 13.24 MB), top-4 of 64 experts in 4 layers.
+        Preset::Bench => Dims {
+            hidden: 2880,
+            layers: 4,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: 64,
+            experts: 64,
+            experts_per_token: 4,
+            intermediate: 2880,
+            window: 128,
+        },
+        Preset::Wide => bail!("the wide preset exists for kimi_k3 only"),
     })
 }
 
@@ -270,4 +281,28 @@ pub(crate) fn write_tokenizer(out: &Path) -> Result<()> {
     write("tokenizer.json", &layout.to_string())?;
     write("tokenizer_config.json", TOKENIZER_CONFIG)?;
     write("generation_config.json", GENERATION_CONFIG)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_formats::writer::TensorSpec;
+
+    /// One expert of a bench layer is gpt-oss-120b's: 2880 → 2 × 2880 MXFP4 blocks (16 bytes a group of 32)
+    /// and e8m0 scales, BF16 biases, and the same for 2880 → 2880.
+    #[test]
+    fn bench_expert_has_the_released_size() {
+        let d = dims(Preset::Bench).unwrap();
+        let layer_experts: usize = layout(&d)
+            .groups
+            .iter()
+            .flatten()
+            .filter(|s| s.name.starts_with("model.layers.0.mlp.experts."))
+            .map(|s| TensorSpec::new(s.name.clone(), s.dtype, &s.shape).nbytes())
+            .sum();
+        let (gate_up, down) = (2 * 2880, 2880);
+        let want = gate_up * (90 * 17 + 2) + down * (90 * 17 + 2);
+        assert_eq!(layer_experts / d.experts, want);
+        assert_eq!(want, 13_236_480);
+    }
 }

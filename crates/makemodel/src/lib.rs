@@ -5,6 +5,7 @@
 //! Weights are scaled so activations stay O(1) through all layers and routing differs between tokens;
 //! they carry no knowledge. The same (arch, preset, seed) always gives byte-identical files.
 
+mod deepseek;
 mod fill;
 mod gpt_oss;
 mod layout;
@@ -22,11 +23,28 @@ use serde_json::{json, Value};
 
 use layout::{Layout, FIRST_K_DENSE, SHORT_CONV_KERNEL};
 
+pub use deepseek::Quant;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     KimiK3,
     KimiLinear,
     GptOss,
+    DeepseekV3,
+    KimiK2,
+}
+
+impl Arch {
+    /// The name `--arch` takes (and config.json's model_type).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::KimiK3 => "kimi_k3",
+            Arch::KimiLinear => "kimi_linear",
+            Arch::GptOss => "gpt_oss",
+            Arch::DeepseekV3 => "deepseek_v3",
+            Arch::KimiK2 => "kimi_k2",
+        }
+    }
 }
 
 impl FromStr for Arch {
@@ -36,7 +54,11 @@ impl FromStr for Arch {
             "kimi_k3" => Ok(Arch::KimiK3),
             "kimi_linear" => Ok(Arch::KimiLinear),
             "gpt_oss" => Ok(Arch::GptOss),
-            _ => bail!("unknown architecture {s:?}: expected one of kimi_k3, kimi_linear, gpt_oss"),
+            "deepseek_v3" => Ok(Arch::DeepseekV3),
+            "kimi_k2" => Ok(Arch::KimiK2),
+            _ => bail!(
+                "unknown architecture {s:?}: expected one of kimi_k3, kimi_linear, gpt_oss, deepseek_v3, kimi_k2"
+            ),
         }
     }
 }
@@ -463,6 +485,12 @@ pub fn make_padded_model(
         Arch::GptOss if padding_rows > 0 => {
             bail!("gpt_oss has the released vocabulary (201088); it takes no padding rows")
         }
+        Arch::DeepseekV3 | Arch::KimiK2 if padding_rows > 0 => {
+            bail!("deepseek_v3 and kimi_k2 take no padding rows")
+        }
+        Arch::DeepseekV3 | Arch::KimiK2 => {
+            return make_deepseek_model(arch, preset, seed, Quant::default_for(arch), out)
+        }
         Arch::GptOss => {
             let d = gpt_oss::dims(preset)?;
             std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -486,23 +514,50 @@ pub fn make_padded_model(
             (d, config, layout)
         }
     };
-    let ranks = deltafin_tokenizer::train_bpe(deltafin_tokenizer::builtin_corpus(), dims.n_ranks);
-    ensure!(
-        ranks.len() == dims.n_ranks,
-        "BPE training on the built-in corpus gave {} ranks, but this preset needs {}",
-        ranks.len(),
-        dims.n_ranks
-    );
+    write_k3_family_files(out, &config, dims.n_ranks, &dims.special_ids())?;
+    write_weights(layout, preset, seed, out)
+}
 
+/// A DeepSeek-V3 or Kimi K2 checkpoint (`arch`) with its linears stored as `quant`, like [`make_model`].
+pub fn make_deepseek_model(
+    arch: Arch,
+    preset: Preset,
+    seed: u64,
+    quant: Quant,
+    out: &Path,
+) -> Result<Summary> {
+    ensure!(
+        matches!(arch, Arch::DeepseekV3 | Arch::KimiK2),
+        "--quant applies to deepseek_v3 and kimi_k2 only; {arch:?} has one released format"
+    );
+    let d = deepseek::dims(arch, preset)?;
+    let config = deepseek::config(arch, &d, quant);
+    write_k3_family_files(out, &config, d.n_ranks, &deepseek::special_ids(&d))?;
+    write_weights(deepseek::layout(&d, quant), preset, seed, out)
+}
+
+/// config.json, generation_config.json with `special_ids`, and a K3-family tiktoken tokenizer of `n_ranks`
+/// ranks trained on the built-in corpus.
+fn write_k3_family_files(
+    out: &Path,
+    config: &Value,
+    n_ranks: usize,
+    special_ids: &[(&str, usize)],
+) -> Result<()> {
+    let ranks = deltafin_tokenizer::train_bpe(deltafin_tokenizer::builtin_corpus(), n_ranks);
+    ensure!(
+        ranks.len() == n_ranks,
+        "BPE training on the built-in corpus gave {} ranks, but this preset needs {n_ranks}",
+        ranks.len(),
+    );
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    write_json(&out.join("config.json"), &config)?;
+    write_json(&out.join("config.json"), config)?;
     let mut generation = json!({"do_sample": false});
-    for (key, id) in dims.special_ids() {
-        generation[key] = json!(id);
+    for (key, id) in special_ids {
+        generation[*key] = json!(id);
     }
     write_json(&out.join("generation_config.json"), &generation)?;
-    deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")?;
-    write_weights(layout, preset, seed, out)
+    deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")
 }
 
 /// Writes `layout`'s tensors into shards at `out`, the index last.
