@@ -248,29 +248,19 @@ pub(crate) fn layout(d: &Dims) -> Layout {
     l
 }
 
-/// The character a byte is written as in a byte-level vocabulary (GPT-2's `bytes_to_unicode`).
-fn byte_char(b: u8) -> char {
-    let printable = |c: u8| matches!(c, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    if printable(b) {
-        b as char
-    } else {
-        let k = (0..b).filter(|&c| !printable(c)).count() as u32;
-        char::from_u32(256 + k).expect("256 + k < 0x110000")
-    }
-}
-
 /// `tokenizer.json` (the converter's, with the ranks as its vocabulary and no merges, which deltafin's rank
 /// BPE does not need), `tokenizer_config.json` and `generation_config.json`.
 pub(crate) fn write_tokenizer(out: &Path) -> Result<()> {
     let mut layout: Value = serde_json::from_str(TOKENIZER_LAYOUT)?;
     let mut vocab = serde_json::Map::new();
+    let alphabet = deltafin_tokenizer::byte_level_alphabet();
     for line in RANKS.lines() {
         let (b64, rank) = line
             .split_once(' ')
             .context("o200k_base.tiktoken: a line without a rank")?;
         let bytes = BASE64.decode(b64)?;
         vocab.insert(
-            bytes.iter().map(|&b| byte_char(b)).collect(),
+            bytes.iter().map(|&b| alphabet[b as usize]).collect(),
             rank.parse::<u64>()?.into(),
         );
     }

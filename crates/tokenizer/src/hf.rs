@@ -52,7 +52,7 @@ pub(crate) enum Engine {
 }
 
 /// The GPT-2 byte-level alphabet: the character each byte is written as in a byte-level vocabulary.
-fn byte_level_alphabet() -> [char; 256] {
+pub fn byte_level_alphabet() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..=255u8 {
