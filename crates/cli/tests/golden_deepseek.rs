@@ -82,12 +82,12 @@ fn matches_goldens(name: &str) {
             .iter()
             .map(|&x| x as f64)
             .collect();
-        let e = rel_err(&row, gold.row(r));
-        assert!(
-            e < TOL,
-            "{name} row {r}: relative error {e:e} exceeds {TOL:e}"
-        );
-        worst = worst.max(e);
+        worst = worst.max(assert_row_close(
+            &format!("{name} row {r}"),
+            &row,
+            gold.row(r),
+            TOL,
+        ));
         let want = match r + 1 - prompt.len() {
             j if r + 1 >= prompt.len() && j < generated.len() => generated[j],
             _ if r + 1 == gold.rows => g["next_id_after_generated"].as_u64().unwrap() as u32,

@@ -52,11 +52,8 @@ fn runs_like_the_reference(arch: Arch, quant: Quant) {
     assert_eq!(want.rows, ids.len());
     let ours_rows = (0..p).chain(p + 1..p + STEPS).map(|r| ours.row(r));
     for (t, row) in ours_rows.enumerate() {
-        let e = rel_err(row, want.row(t));
-        assert!(
-            e < TOL,
-            "{arch:?} {quant:?} position {t}: relative error {e:e}"
-        );
+        let what = format!("{arch:?} {quant:?} position {t}");
+        assert_row_close(&what, row, want.row(t), TOL);
         if t + 1 >= p {
             assert_eq!(
                 argmax(row),

@@ -128,6 +128,13 @@ pub fn reference_logits(model: &Path, ids: &[u32]) -> Array2 {
     npy::read(&out_path).unwrap()
 }
 
+/// [`rel_err`] of one row against its reference, failing above `tol`; `what` names the row.
+pub fn assert_row_close(what: &str, ours: &[f64], reference: &[f64], tol: f64) -> f64 {
+    let e = rel_err(ours, reference);
+    assert!(e < tol, "{what}: relative error {e:e} exceeds {tol:e}");
+    e
+}
+
 /// max |a − b| / max |b| over one row.
 pub fn rel_err(a: &[f64], b: &[f64]) -> f64 {
     let err = a
