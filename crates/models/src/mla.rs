@@ -7,9 +7,9 @@
 use crate::describe as desc;
 use crate::ops::{axpy, rms_norm, sigmoid, softmax};
 use crate::rope::{softmax_scale, Pairing, Rotary};
-use crate::weights::{forward_many, Linear, Loader};
-use anyhow::Result;
-use deltafin_kernels::{dot, matmul};
+use crate::weights::{forward_many, Linear, Loader, Stored};
+use anyhow::{bail, Result};
+use deltafin_kernels::{dot, matmul, FP8_BLOCK};
 use rayon::prelude::*;
 
 /// Where the queries come from ([`desc::QueryPath`]).
@@ -71,6 +71,26 @@ impl LatentCache {
 
 impl Mla {
     pub fn load(ld: &Loader, d: &desc::Mla) -> Result<Mla> {
+        let kv_b = ld.linear(&d.kv_b)?;
+        // Each head's value rows of an FP8 kv_b are read as a row slice, which must not straddle two
+        // 128-row scale blocks (the kernel's slices keep one scale row per block).
+        if matches!(kv_b.weights, Stored::Fp8Block { .. }) {
+            let per_head = d.nope + d.v;
+            let straddles = (0..d.heads).any(|h| {
+                let start = h * per_head + d.nope;
+                !start.is_multiple_of(FP8_BLOCK)
+                    && start / FP8_BLOCK != (start + d.v.max(1) - 1) / FP8_BLOCK
+            });
+            if straddles {
+                bail!(
+                    "tensor `{}` is FP8 with qk_nope_head_dim {} and v_head_dim {}: a head's value rows cross a \
+                     128-row scale block, which deltafin's FP8 kernels do not slice; use a BF16 kv_b_proj",
+                    d.kv_b.name,
+                    d.nope,
+                    d.v
+                );
+            }
+        }
         Ok(Mla {
             q: match &d.q {
                 desc::QueryPath::LowRank { a, norm, b } => QueryPath::LowRank {
@@ -82,7 +102,7 @@ impl Mla {
             },
             kv_a: ld.linear(&d.kv_a)?,
             kv_norm: ld.vector(&d.kv_norm)?,
-            kv_b: ld.linear(&d.kv_b)?,
+            kv_b,
             gate: d.gate.as_ref().map(|g| ld.linear(g)).transpose()?,
             o: ld.linear(&d.o)?,
             heads: d.heads,
