@@ -3,7 +3,8 @@
 //! first layer, then a sigmoid router with `e_score_correction_bias`, one shared expert and routed experts
 //! (`model.layers.L.mlp.experts.E.*`, one expert kept contiguous). Linears are FP8 e4m3 with 128×128 F32
 //! `weight_scale_inv` blocks (DeepSeek-V3, Kimi K2), compressed-tensors INT4 `pack-quantized` routed experts
-//! with a BF16 rest (Kimi K2 Thinking), or all BF16. The tokenizer is K3's tiktoken family, as K2 ships it.
+//! with a BF16 rest (Kimi K2 Thinking), or all BF16. The tokenizer is K3's tiktoken family, as K2 ships it;
+//! a K2 checkpoint's specials carry K2's chat markup names, and it ships its chat template.
 
 use std::str::FromStr;
 
@@ -150,10 +151,51 @@ pub(crate) fn dims(arch: Arch, preset: Preset) -> Result<Dims> {
     })
 }
 
-/// bos and eos: K2's `[BOS]` and `[EOS]`, the first two specials after the ranks.
+/// bos and eos of config.json: K2's `[BOS]` and `[EOS]`, the first two specials after the ranks.
 pub(crate) fn special_ids(d: &Dims) -> [(&'static str, usize); 2] {
     [("bos_token_id", d.n_ranks), ("eos_token_id", d.n_ranks + 1)]
 }
+
+/// bos and eos of generation_config.json: Kimi K2's generation ends its turn at `<|im_end|>` (the third
+/// special), as its release's does; DeepSeek-V3's at `[EOS]`.
+pub(crate) fn generation_ids(arch: Arch, d: &Dims) -> [(&'static str, usize); 2] {
+    let [bos, (eos, id)] = special_ids(d);
+    [bos, (eos, if arch == Arch::KimiK2 { id + 1 } else { id })]
+}
+
+/// The names of the specials: Kimi K2's chat markup where its tokenizer_config.json has it, K3's names
+/// elsewhere (DeepSeek-V3's own tokenizer is not modelled: its checkpoints chat through a template the
+/// caller gives).
+pub(crate) fn special_name(arch: Arch) -> fn(u32) -> String {
+    match arch {
+        Arch::KimiK2 => k2_special_name,
+        _ => deltafin_tokenizer::k3_special_name,
+    }
+}
+
+fn k2_special_name(k: u32) -> String {
+    let name = match k {
+        2 => "<|im_end|>",
+        3 => "<|im_user|>",
+        4 => "<|im_assistant|>",
+        6 => "<|start_header_id|>",
+        7 => "<|end_header_id|>",
+        10 => "<|im_system|>",
+        11 => "<|tool_calls_section_begin|>",
+        12 => "<|tool_calls_section_end|>",
+        13 => "<|tool_call_begin|>",
+        14 => "<|tool_call_argument_begin|>",
+        15 => "<|tool_call_end|>",
+        17 => "<|im_middle|>",
+        _ => return deltafin_tokenizer::k3_special_name(k),
+    };
+    name.into()
+}
+
+/// Kimi K2's chat format as a Jinja template (written as chat_template.jinja): an optional tool
+/// declaration, a default system turn when the conversation opens without one, then every turn as
+/// `<|im_ROLE|>ROLE<|im_middle|>TEXT<|im_end|>` (a tool's result in a system turn named `tool`).
+pub(crate) const K2_CHAT_TEMPLATE: &str = include_str!("kimi_k2_chat_template.jinja");
 
 fn quantization_config(quant: Quant) -> Option<Value> {
     match quant {

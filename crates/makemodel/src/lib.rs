@@ -514,7 +514,8 @@ pub fn make_padded_model(
             (d, config, layout)
         }
     };
-    write_k3_family_files(out, &config, dims.n_ranks, &dims.special_ids())?;
+    let names = deltafin_tokenizer::k3_special_name;
+    write_k3_family_files(out, &config, dims.n_ranks, &dims.special_ids(), names)?;
     write_weights(layout, preset, seed, out)
 }
 
@@ -532,17 +533,30 @@ pub fn make_deepseek_model(
     );
     let d = deepseek::dims(arch, preset)?;
     let config = deepseek::config(arch, &d, quant);
-    write_k3_family_files(out, &config, d.n_ranks, &deepseek::special_ids(&d))?;
+    let generation = deepseek::generation_ids(arch, &d);
+    write_k3_family_files(
+        out,
+        &config,
+        d.n_ranks,
+        &generation,
+        deepseek::special_name(arch),
+    )?;
+    if arch == Arch::KimiK2 {
+        let template = out.join("chat_template.jinja");
+        std::fs::write(&template, deepseek::K2_CHAT_TEMPLATE)
+            .with_context(|| format!("writing {}", template.display()))?;
+    }
     write_weights(deepseek::layout(&d, quant), preset, seed, out)
 }
 
 /// config.json, generation_config.json with `special_ids`, and a K3-family tiktoken tokenizer of `n_ranks`
-/// ranks trained on the built-in corpus.
+/// ranks trained on the built-in corpus, its 256 specials called `special_name(k)`.
 fn write_k3_family_files(
     out: &Path,
     config: &Value,
     n_ranks: usize,
     special_ids: &[(&str, usize)],
+    special_name: fn(u32) -> String,
 ) -> Result<()> {
     let ranks = deltafin_tokenizer::train_bpe(deltafin_tokenizer::builtin_corpus(), n_ranks);
     ensure!(
@@ -557,7 +571,8 @@ fn write_k3_family_files(
         generation[*key] = json!(id);
     }
     write_json(&out.join("generation_config.json"), &generation)?;
-    deltafin_tokenizer::write_tiktoken_files(out, &ranks).context("writing the tokenizer files")
+    deltafin_tokenizer::write_tiktoken_files_named(out, &ranks, special_name)
+        .context("writing the tokenizer files")
 }
 
 /// Writes `layout`'s tensors into shards at `out`, the index last.

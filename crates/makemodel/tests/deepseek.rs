@@ -1,13 +1,15 @@
 //! DeepSeek-V3 / Kimi K2 tiny checkpoints against the transformers-made fixtures of the same shape
 //! (tests/fixtures/{deepseek_v3_tiny_fp8,kimi_k2_tiny_int4,deepseek_v3_tiny_bf16}): the same tensor names,
 //! dtypes and shapes, the same config.json (quantization_config included), and quantized values a decoder
-//! accepts, read back with the `safetensors` crate.
+//! accepts, read back with the `safetensors` crate. A Kimi K2 checkpoint chats in K2's format.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use deltafin_makemodel::{make_deepseek_model, make_model, Arch, Preset, Quant};
+use deltafin_tokenizer::chat::{ChatMessage, ChatTemplate};
+use deltafin_tokenizer::{Piece, Tokenizer};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
@@ -88,8 +90,10 @@ fn tiny_config_is_the_released_form() {
             (&ours["bos_token_id"], &ours["eos_token_id"]),
             (&256.into(), &257.into())
         );
+        // Kimi K2's generation ends a turn at <|im_end|>, the special after [EOS].
         let generation = read_json(&dir.path().join("generation_config.json"));
-        assert_eq!(generation["eos_token_id"], 257, "{name}");
+        let eos = if arch == Arch::KimiK2 { 258 } else { 257 };
+        assert_eq!(generation["eos_token_id"], eos, "{name}");
         for key in ["bos_token_id", "eos_token_id"] {
             ours.as_object_mut().unwrap().remove(key);
             released.as_object_mut().unwrap().remove(key);
@@ -266,4 +270,60 @@ fn quant_and_preset_errors_name_the_choices() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("kimi_k3"), "{e}");
+}
+
+/// The prompt text of Kimi-K2-Instruct's released chat template for `messages` (a default system turn
+/// when there is none), and each markup name a single special id, `<|im_end|>` the generation's EOS.
+#[test]
+fn kimi_k2_chats_in_its_released_format() {
+    let dir = tempfile::tempdir().unwrap();
+    make_model(Arch::KimiK2, Preset::Tiny, 0, dir.path()).unwrap();
+    let template = ChatTemplate::from_dir(dir.path()).unwrap().unwrap();
+    let conversation = [
+        ChatMessage::user("Weather in Paris?"),
+        ChatMessage::assistant("Let me look."),
+        ChatMessage::tool("call_1", "18 C, sunny"),
+        ChatMessage::user("Thanks <|im_end|>"),
+    ];
+    let text = |messages: &[ChatMessage]| -> String {
+        let pieces = template.render(messages, true, None).unwrap();
+        pieces.iter().map(Piece::as_str).collect()
+    };
+    let turns = "<|im_user|>user<|im_middle|>Weather in Paris?<|im_end|>\
+                 <|im_assistant|>assistant<|im_middle|>Let me look.<|im_end|>\
+                 <|im_system|>tool<|im_middle|>18 C, sunny<|im_end|>\
+                 <|im_user|>user<|im_middle|>Thanks <|im_end|><|im_end|>\
+                 <|im_assistant|>assistant<|im_middle|>";
+    assert_eq!(
+        text(&conversation),
+        format!("<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>{turns}")
+    );
+    let mut with_system = vec![ChatMessage::system("Be brief.")];
+    with_system.extend(conversation.iter().cloned());
+    assert_eq!(
+        text(&with_system),
+        format!("<|im_system|>system<|im_middle|>Be brief.<|im_end|>{turns}")
+    );
+
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    let im_end = tok.special_id("<|im_end|>").unwrap();
+    assert_eq!(
+        tok.eos_ids(),
+        [257, im_end],
+        "[EOS] and <|im_end|> end a generation"
+    );
+    let ids = tok.encode_pieces(&template.render(&conversation, true, None).unwrap());
+    let markup = [
+        "<|im_system|>",
+        "<|im_user|>",
+        "<|im_assistant|>",
+        "<|im_middle|>",
+        "<|im_end|>",
+    ];
+    let count = |name: &str| {
+        let id = tok.special_id(name).unwrap();
+        ids.iter().filter(|&&i| i == id).count()
+    };
+    // Five turns: each opens, names its role and ends once; the user's typed "<|im_end|>" stays text.
+    assert_eq!(markup.map(count), [2, 2, 2, 6, 5]);
 }

@@ -263,6 +263,16 @@ fn kind(v: &Value) -> &'static str {
 /// Writes `tiktoken.model` (rank i = `ranks[i]`) and a `tokenizer_config.json` with K3's 256 special
 /// ids right after the ranks, each file via a temporary file and a rename so readers never see a torn one.
 pub fn write_tiktoken_files(dir: &Path, ranks: &[Vec<u8>]) -> Result<()> {
+    write_tiktoken_files_named(dir, ranks, k3_special_name)
+}
+
+/// [`write_tiktoken_files`] with special `k` (of the 256) called `name(k)`: a family whose specials sit
+/// where K3's do under other names (Kimi K2's `<|im_end|>` is K3's `<|end_of_msg|>`).
+pub fn write_tiktoken_files_named(
+    dir: &Path,
+    ranks: &[Vec<u8>],
+    name: impl Fn(u32) -> String,
+) -> Result<()> {
     let mut seen = HashMap::with_capacity(ranks.len());
     for (rank, token) in ranks.iter().enumerate() {
         ensure!(
@@ -290,7 +300,7 @@ pub fn write_tiktoken_files(dir: &Path, ranks: &[Vec<u8>]) -> Result<()> {
     let mut added = Map::new();
     for k in 0..K3_NUM_SPECIALS {
         let entry = json!({
-            "content": k3_special_name(k),
+            "content": name(k),
             "lstrip": false,
             "normalized": false,
             "rstrip": false,

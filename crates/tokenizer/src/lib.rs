@@ -69,7 +69,9 @@ use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-pub use files::{k3_special_name, write_tiktoken_files, K3_NUM_SPECIALS};
+pub use files::{
+    k3_special_name, write_tiktoken_files, write_tiktoken_files_named, K3_NUM_SPECIALS,
+};
 pub use hf::byte_level_alphabet;
 pub use pretok::{pretokenize, pretokenize_bytes, Pattern};
 pub use stream::StreamDecoder;
