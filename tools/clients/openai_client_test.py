@@ -3,10 +3,12 @@
 streaming), completions, responses, logprobs, seeds, stop strings, error cases, API key, and parallel clients.
 With --padding-id, also replies made of an id with no text (a padding row of the embedding table).
 
-With --template-chat (a family that chats through its own Jinja template), K3's thinking and tools are left out.
+--chat names the model's chat format: k3 (the default), harmony (gpt-oss: it always reasons, so no
+reasoning_effort "none"; with --harmony-ids, also replies made mostly of harmony's markup, in any order) or
+template (a family that chats through its own Jinja template: thinking and tools are left out).
 
 Usage: openai_client_test.py --base-url http://127.0.0.1:PORT/v1 --model NAME --api-key KEY [--padding-id ID]
-                             [--template-chat]
+                             [--chat k3|harmony|template] [--harmony-ids ID,ID,...]
 Exits non-zero (with the failing check) on any mismatch. Run by crates/server/tests/clients.rs.
 """
 
@@ -53,6 +55,37 @@ def padding_checks(client, model, pad, no_think):
     print("padding: replies of ids without text pass")
 
 
+def harmony_markup_checks(client, model, ids):
+    """A random model rarely writes harmony; biased towards its markup and header words it writes them in
+    every order: channels left empty or never closed, headers without a message, text between messages.
+    Each reply is still well formed, and streamed as whole; across seeds some reason and some answer."""
+    bias = {str(i): 100 for i in ids}
+    messages = [{"role": "user", "content": "Say hi."}]
+    reasoned = answered = False
+    for seed in range(16):
+        kw = dict(model=model, messages=messages, max_tokens=32, temperature=1.0, seed=seed, logit_bias=bias)
+        r = client.chat.completions.create(**kw)
+        c = r.choices[0]
+        reasoning = (c.message.model_extra or {}).get("reasoning_content") or ""
+        content = c.message.content or ""
+        check(c.finish_reason in ("stop", "length"), f"markup seed {seed}: finish_reason {c.finish_reason}")
+        check(r.usage.completion_tokens_details.reasoning_tokens <= r.usage.completion_tokens, f"usage {r.usage}")
+        s_reasoning, s_content, finish = "", "", None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                s_reasoning += (ch.delta.model_extra or {}).get("reasoning_content") or ""
+                s_content += ch.delta.content or ""
+                finish = ch.finish_reason or finish
+        check((s_reasoning, s_content, finish) == (reasoning, content, c.finish_reason),
+              f"markup seed {seed}: stream {(s_reasoning, s_content, finish)!r} vs {(reasoning, content, c.finish_reason)!r}")
+        reasoned |= reasoning != ""
+        answered |= content != ""
+        if reasoned and answered and seed >= 3:
+            break
+    check(reasoned and answered, f"markup: no seed gave reasoning and content (reasoned {reasoned}, answered {answered})")
+    print(f"harmony markup: replies of markup in any order pass ({seed + 1} seeds)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
@@ -60,14 +93,19 @@ def main():
     ap.add_argument("--api-key", required=True)
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--padding-id", type=int, help="an id the model has but the tokenizer has no text for")
-    ap.add_argument("--template-chat", action="store_true", help="the model chats through its Jinja template")
+    ap.add_argument("--chat", choices=["k3", "harmony", "template"], default="k3", help="the model's chat format")
+    ap.add_argument("--harmony-ids", help="comma-separated ids of harmony markup and header words to bias towards")
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
-    k3 = not a.template_chat
-    # Thinking off, in K3's words; a template family takes no reasoning_effort at all.
+    k3 = a.chat == "k3"
+    # Thinking and tools: K3's and harmony's built-in formats have them, a template has not.
+    builtin = a.chat != "template"
+    # Thinking off, in K3's words; harmony always reasons and a template has no reasoning: no reasoning_effort.
     no_think = dict(reasoning_effort="none") if k3 else {}
     if a.padding_id is not None:
         padding_checks(client, a.model, a.padding_id, no_think)
+    if a.harmony_ids:
+        harmony_markup_checks(client, a.model, [int(i) for i in a.harmony_ids.split(",")])
 
     # Models.
     ids = [m.id for m in client.models.list()]
@@ -102,7 +140,8 @@ def main():
     check(usage is not None and usage.completion_tokens == r.usage.completion_tokens, f"stream usage {usage}")
     check(finish == choice.finish_reason, "stream finish_reason")
 
-    # Thinking on: reasoning arrives as reasoning_content.
+    # Thinking on: reasoning arrives as reasoning_content (a random harmony model rarely opens a channel:
+    # --harmony-ids checks its reasoning).
     if k3:
         t = client.chat.completions.create(model=a.model, messages=messages, max_tokens=6, temperature=0,
                                            reasoning_effort="low")
@@ -135,14 +174,14 @@ def main():
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "The weather in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-    if k3:
+    if builtin:
         history = messages + [
             {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
              "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
         ]
         w = client.chat.completions.create(model=a.model, messages=history, tools=tools, tool_choice="auto",
-                                           max_tokens=6, temperature=0, reasoning_effort="none")
+                                           max_tokens=6, temperature=0, **no_think)
         wc = w.choices[0]
         check(wc.finish_reason in ("stop", "length", "tool_calls"), f"tools finish_reason {wc.finish_reason}")
         check(wc.message.tool_calls is None or all(c.type == "function" for c in wc.message.tool_calls),
@@ -163,12 +202,13 @@ def main():
             final = event.response
     check(deltas == resp.output_text and final is not None and final.output_text == resp.output_text,
           f"responses stream {deltas!r}")
-    if k3:
+    if builtin:
         history = [{"role": "user", "content": "Weather in Paris?"},
                    {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
                    {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}]
         rt = client.responses.create(model=a.model, input=history, max_output_tokens=4,
-                                     tools=[{"type": "function", **tools[0]["function"]}], reasoning={"effort": "none"})
+                                     tools=[{"type": "function", **tools[0]["function"]}],
+                                     **({"reasoning": {"effort": "none"}} if k3 else {}))
         check(rt.status in ("completed", "incomplete"), f"responses with tools: {rt.status}")
     try:
         client.responses.create(previous_response_id="resp_x", **kw)
@@ -190,7 +230,7 @@ def main():
     # Errors are OpenAI-shaped and name the field.
     for kwargs, param in [(dict(n=17), "n"), (dict(extra_body={"frobnicate": 1}), "frobnicate"),
                           (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
-                          *([(dict(tools=tools, tool_choice="required"), "tool_choice")] if k3 else [])]:
+                          *([(dict(tools=tools, tool_choice="required"), "tool_choice")] if builtin else [])]:
         try:
             client.chat.completions.create(model=a.model, messages=messages, max_tokens=2, **kwargs)
             raise AssertionError(f"{param}: expected a 400")
