@@ -440,8 +440,13 @@ fn dd_direct(file: &Path) -> Option<f64> {
 fn machine() -> String {
     let cpu = crate::host::cpu_name()
         .unwrap_or_else(|| format!("unknown {} CPU", std::env::consts::ARCH));
+    // Other processes' load, which a shared machine's timings depend on (Linux only).
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| Some(format!(", load average {}", l.split_whitespace().next()?)))
+        .unwrap_or_default();
     format!(
-        "{cpu}, {} threads, {:.0} GiB RAM, kernels {}",
+        "{cpu}, {} threads, {:.0} GiB RAM, kernels {}{load}",
         rayon::current_num_threads(),
         crate::memory::physical_memory().unwrap_or(0) as f64 / (1u64 << 30) as f64,
         deltafin_kernels::isa()
@@ -482,23 +487,33 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
     };
     let model = Model::load_with(&dir, &store.load_options(&dir)?)?;
     let prompt = compute_prompt();
+    let memory = ReadProbe::new();
     sessions_decode(&model, &prompt, a)?; // warm the expert cache
-    let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..a.runs {
-        let (p, s, e) = sessions_decode(&model, &prompt, a)?;
-        prefills.push(p);
-        steps.push(s.iter().sum::<f64>() / s.len() as f64);
-        expert_bytes.push(e);
-    }
-    // Bytes one decode step touches: every resident spine matrix once, plus the routed experts its rows chose
-    // (each once); a token's share is the step's over the batch.
+                                          // Bytes one decode step touches: every resident spine matrix once, plus the routed experts its rows chose
+                                          // (each once); a token's share is the step's over the batch.
     let spine = deltafin_models::spine_bytes(&dir)?;
     let batch = a.batch as f64;
+    let (mut prefills, mut steps, mut expert_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bandwidths, mut bounds, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..a.runs {
+        let (p, s, e) = sessions_decode(&model, &prompt, a)?;
+        // The bound is measured right after each run and the ratio taken per run: on a machine whose other
+        // work comes and goes, a run and its bound then share the same conditions.
+        let bw = memory.bandwidth();
+        let step = s.iter().sum::<f64>() / s.len() as f64 / batch;
+        let bound = (spine as f64 + e) / batch / bw;
+        prefills.push(p);
+        steps.push(step);
+        expert_bytes.push(e);
+        bandwidths.push(bw);
+        bounds.push(bound);
+        ratios.push(bound / step);
+    }
     let expert_per_token = median(expert_bytes) / batch;
-    let bw = memory_bandwidth();
-    let step = median(steps) / batch;
+    let bw = median(bandwidths);
+    let step = median(steps);
     let prefill = median(prefills);
-    let bound = (spine as f64 / batch + expert_per_token) / bw;
+    let bound = median(bounds);
     println!("machine: {}", machine());
     println!("model: kimi_k3 {} ({})", a.preset.name(), dir.display());
     if a.batch > 1 {
@@ -508,7 +523,7 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         );
     }
     println!(
-        "memory read bandwidth: {:.2} GB/s (median of 5 parallel reads of 1 GiB)",
+        "memory read bandwidth: {:.2} GB/s (after each run, the median of 5 parallel reads of 1 GiB)",
         bw / 1e9
     );
     println!(
@@ -525,8 +540,9 @@ fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
         spine as f64 / batch / 1e6,
         expert_per_token / 1e6,
         bound * 1e3,
-        bound / step
+        median(ratios)
     );
+    println!("(efficiency: the median over runs of each run's bound / its step)");
     print_runs(a, prompt.len());
     Ok(())
 }
@@ -582,23 +598,32 @@ fn sessions_decode<B: Backend>(
     ))
 }
 
-/// Bytes per second of a parallel sequential read of 1 GiB, median of 5.
-fn memory_bandwidth() -> f64 {
-    use rayon::prelude::*;
-    let buf: Vec<u64> = (0..(1u64 << 27)).collect();
-    let mut runs: Vec<f64> = (0..5)
-        .map(|_| {
-            let t0 = Instant::now();
-            let sum: u64 = buf
-                .par_chunks(1 << 16)
-                .map(|c| c.iter().fold(0u64, |a, &x| a ^ x))
-                .reduce(|| 0, |a, b| a ^ b);
-            std::hint::black_box(sum);
-            (buf.len() * 8) as f64 / t0.elapsed().as_secs_f64()
-        })
-        .collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+/// A 1 GiB buffer for measuring the memory read bandwidth, written (so faulted in) once.
+struct ReadProbe(Vec<u64>);
+
+impl ReadProbe {
+    fn new() -> Self {
+        ReadProbe((0..(1u64 << 27)).collect())
+    }
+
+    /// Bytes per second of a parallel sequential read of the buffer, median of 5.
+    fn bandwidth(&self) -> f64 {
+        use rayon::prelude::*;
+        let mut runs: Vec<f64> = (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                let sum: u64 = self
+                    .0
+                    .par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, &x| a ^ x))
+                    .reduce(|| 0, |a, b| a ^ b);
+                std::hint::black_box(sum);
+                (self.0.len() * 8) as f64 / t0.elapsed().as_secs_f64()
+            })
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        runs[2]
+    }
 }
 
 /// Prefill and decode on the GPU: the bench model (K3's expert shapes) with every expert resident in VRAM,
