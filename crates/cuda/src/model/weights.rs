@@ -75,7 +75,7 @@ impl Block {
         let fp8 = parts[0].bf16().is_none();
         if let Some(p) = parts.iter().find(|p| p.bf16().is_none() != fp8) {
             bail!(
-                "{} and {}: matrices applied to the same input must be stored alike (all BF16 or all FP8) on                  CUDA; run this model on the CPU",
+                "{} and {}: CUDA reads the matrices of one input all BF16 or all FP8; run this model on the CPU",
                 parts[0].name,
                 p.name
             );
