@@ -13,10 +13,11 @@ export LD_LIBRARY_PATH
 
 W=/tmp/deltafin-cuda-verify; mkdir -p "$W"
 
-# checkpoint BINARY ARCH PRESET: prints the folder of that checkpoint, made by BINARY if it is not there yet
-# (the bench preset takes about a minute; given 70 s, it is missing afterwards if that ran out).
+# checkpoint BINARY ARCH PRESET [QUANT]: prints the folder of that checkpoint (QUANT: make-model's --quant, for
+# deepseek_v3 and kimi_k2), made by BINARY if it is not there yet (the bench preset takes about a minute; given
+# 70 s, it is missing afterwards if that ran out).
 checkpoint() {
-  local m=$W/$2-$3
-  [ -f "$m/config.json" ] || timeout 70 "$1" make-model --arch "$2" --preset "$3" --seed 0 --out "$m" >/dev/null 2>&1
+  local m=$W/$2-$3${4:+-$4}
+  [ -f "$m/config.json" ] || timeout 70 "$1" make-model --arch "$2" --preset "$3" ${4:+--quant "$4"} --seed 0 --out "$m" >/dev/null 2>&1
   echo "$m"
 }

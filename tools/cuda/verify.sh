@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine with the prebuilt binary: CPU vs CUDA logits on the tiny and small presets of both
-# families, reproducibility, the engine's paths on the GPU (speculative decoding, chat, serve), then decode
+# Runs on a GPU machine with the prebuilt binary: CPU vs CUDA logits on the tiny and small presets of every
+# family on CUDA (DeepSeek-V3 and Kimi K2 in each of their stored formats), reproducibility, the engine's paths on the GPU (speculative decoding, chat, serve), then decode
 # benchmarks (resident and streamed experts) with the copy probes. TESTS, needed unless MODE is bench: the GPU
 # tests' binary (crates/cuda/tests/gpu.rs; `cargo test --release -p deltafin-cuda --test gpu --no-run` names it).
 # Usage: tools/cuda/verify.sh BINARY OUTDIR [correctness|bench|all] [TESTS]
@@ -22,23 +22,45 @@ NEW=8
 fail=0
 if [ "$MODE" != bench ]; then
   log "== correctness: CPU vs CUDA logits (prompt 12 tokens, 8 greedy decode steps)"
-  for arch in kimi_k3 kimi_linear; do for preset in tiny small; do
-    m=$(checkpoint "$BIN" $arch $preset)
-    "$BIN" run --model "$m" --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$arch-$preset-cpu.npy" >"$W/cpu.txt" 2>"$W/cpu.err"
+  for model in deepseek_v3:fp8 deepseek_v3:bf16 kimi_k2:int4 kimi_k3 kimi_linear; do for preset in tiny small; do
+    arch=${model%%:*}; quant=${model#$arch}; quant=${quant#:}
+    m=$(checkpoint "$BIN" $arch $preset $quant)
+    name=$arch${quant:+-$quant}
+    "$BIN" run --model "$m" --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$name-$preset-cpu.npy" >"$W/cpu.txt" 2>"$W/cpu.err"
     t0=$(date +%s.%N)
-    "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$arch-$preset-gpu.npy" >"$W/gpu.txt" 2>"$W/gpu.err"
+    "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --print-ids --dump-logits "$W/$name-$preset-gpu.npy" >"$W/gpu.txt" 2>"$W/gpu.err"
     rc=$?
-    if [ $rc -ne 0 ]; then log "FAIL $arch $preset: cuda run exited $rc"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1; continue; fi
-    "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$arch-$preset-gpu2.npy" >/dev/null 2>&1
-    log "$arch $preset: cpu ids $(tail -1 "$W/cpu.txt") | cuda ids $(tail -1 "$W/gpu.txt")"
-    python3 tools/cuda/compare.py "$W/$arch-$preset-cpu.npy" "$W/$arch-$preset-gpu.npy" 12 "$arch-$preset" 2>&1 | tee -a "$REPORT" || fail=1
-    if cmp -s "$W/$arch-$preset-gpu.npy" "$W/$arch-$preset-gpu2.npy"; then log "  reproducible: two CUDA runs bit-identical"; else log "  NOT reproducible across CUDA runs"; fail=1; fi
+    if [ $rc -ne 0 ]; then log "FAIL $name $preset: cuda run exited $rc"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1; continue; fi
+    "$BIN" run --model "$m" --device cuda --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$name-$preset-gpu2.npy" >/dev/null 2>&1
+    log "$name $preset: cpu ids $(tail -1 "$W/cpu.txt") | cuda ids $(tail -1 "$W/gpu.txt")"
+    python3 tools/cuda/compare.py "$W/$name-$preset-cpu.npy" "$W/$name-$preset-gpu.npy" 12 "$name-$preset" 2>&1 | tee -a "$REPORT" || fail=1
+    if cmp -s "$W/$name-$preset-gpu.npy" "$W/$name-$preset-gpu2.npy"; then log "  reproducible: two CUDA runs bit-identical"; else log "  NOT reproducible across CUDA runs"; fail=1; fi
     # Every expert streamed through a VRAM budget of a few records (waves, copies from the RAM cache): the same bits.
     vram=16K; [ "$preset" = small ] && vram=2M
-    "$BIN" run --model "$m" --device cuda --expert-vram $vram --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$arch-$preset-gpu3.npy" >/dev/null 2>&1
-    if cmp -s "$W/$arch-$preset-gpu.npy" "$W/$arch-$preset-gpu3.npy"; then log "  streamed (--expert-vram $vram): bit-identical to resident"; else log "  streamed (--expert-vram $vram) DIFFERS from resident"; fail=1; fi
+    "$BIN" run --model "$m" --device cuda --expert-vram $vram --prompt-ids $PROMPT --max-new $NEW --ignore-eos --dump-logits "$W/$name-$preset-gpu3.npy" >/dev/null 2>&1
+    if cmp -s "$W/$name-$preset-gpu.npy" "$W/$name-$preset-gpu3.npy"; then log "  streamed (--expert-vram $vram): bit-identical to resident"; else log "  streamed (--expert-vram $vram) DIFFERS from resident"; fail=1; fi
     tail -1 "$W/gpu.err" | tee -a "$REPORT"
   done; done
+  # transformers' float64 goldens of the DeepSeek-V3 / Kimi K2 fixtures (crates/cli/tests/golden_deepseek.rs):
+  # prompt and generated ids as one CUDA prefill, each golden row within 1e-4 relative, the same argmax.
+  for f in deepseek_v3_tiny_bf16 deepseek_v3_tiny_fp8 kimi_k2_tiny_int4; do
+    d=tests/fixtures/$f
+    ids=$(python3 -c 'import json, sys; g = json.load(open(sys.argv[1])); print(",".join(map(str, g["prompt_ids"] + g["generated_ids"])))' "$d/golden.json")
+    if "$BIN" run --model "$d" --device cuda --prompt-ids "$ids" --max-new 1 --ignore-eos --dump-logits "$W/$f-gpu.npy" >/dev/null 2>"$W/gpu.err"; then
+      python3 - "$d/golden_logits.npy" "$W/$f-gpu.npy" "$f" <<'PY' 2>&1 | tee -a "$REPORT" || fail=1
+import json, sys
+import numpy as np
+gold, ours = np.load(sys.argv[1]), np.load(sys.argv[2])
+rel = [float(np.abs(gold[i] - ours[i]).max() / np.abs(gold[i]).max()) for i in range(len(gold))]
+same = all(int(gold[i].argmax()) == int(ours[i].argmax()) for i in range(len(gold)))
+ok = len(ours) >= len(gold) and max(rel) <= 1e-4 and same
+print(json.dumps({"golden": sys.argv[3], "rows": len(gold), "max_rel": max(rel), "same_argmax_all_rows": same, "pass": ok}))
+sys.exit(0 if ok else 1)
+PY
+    else
+      log "FAIL $f golden: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
+    fi
+  done
   # A context longer than mla_attend's chunk of positions (512): its chunked softmax and context, prompt and decode.
   m=$(checkpoint "$BIN" kimi_k3 tiny)
   LONG=$(seq -s, 1 700)

@@ -45,6 +45,8 @@ pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 /// Every kernel the backend launches (each must exist in the compiled module).
 pub const KERNEL_NAMES: &[&str] = &[
     "matmul_bf16",
+    "matmul_fp8",
+    "act_rows",
     "mlp_up_act",
     "embed_rows",
     "rms_norm_rows",
@@ -58,6 +60,10 @@ pub const KERNEL_NAMES: &[&str] = &[
     "expert_down_mx",
     "expert_down_mx2",
     "expert_down_bf16",
+    "expert_up_fp8",
+    "expert_up_int4",
+    "expert_down_fp8",
+    "expert_down_int4",
     "moe_combine",
     "moe_route",
     "moe_group",
@@ -69,6 +75,11 @@ pub const KERNEL_NAMES: &[&str] = &[
 /// The kernels whose dynamic shared memory can exceed the default 48 KB.
 const DYNAMIC_SMEM: &[&str] = &[
     "matmul_bf16",
+    "matmul_fp8",
+    "expert_up_fp8",
+    "expert_up_int4",
+    "expert_down_fp8",
+    "expert_down_int4",
     "mx_repack",
     "expert_up_mx",
     "expert_up_mx2",

@@ -17,6 +17,13 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float bf16f(u32 bits) { return __int_as_float((int)(bits << 16)); }
 
+// DeepSeek-V3 / Kimi K2 helpers that the shared kernels call (defined in that family's section at the end).
+__device__ float e4m3f(u32 b);
+__device__ float kv_weight(const u16* w, const float* sc, size_t r, int c, int cols);
+__device__ void rope_rotate(float* x, int rope, u32 pos, const float* inv_freq, float attn);
+__device__ void keep_groups(int* key, const float* score, const float* bias, int e, int groups, int topk_group,
+                            int* gkey);
+
 __device__ __forceinline__ float e8m0f(u32 s) {
     if (s == 0) return __int_as_float(0x00400000);
     if (s == 255) return __int_as_float(0x7fc00000);
@@ -125,19 +132,16 @@ __device__ void warp_dot2(const float* a, const float* b, const float* c, int le
     ac = s1;
 }
 
-// Dot of BF16 row w (cols % 32 == 0, 4-byte aligned) with x, one warp; result valid in lane 0.
-// Each lane loads two weights (u32) of a 64-element chunk; shuffles hand element c + lane to lane `lane`.
-__device__ float warp_dot_bf16(const u16* w, const float* x, int cols, int lane) {
-    const u32* w2 = (const u32*)w;
+// Dot of row r of an MLA kv_b (`kv_weight`: BF16, or FP8 where sc is given) with x, one warp, in the fixed
+// order (any cols: the tail after the tree, as warp_dot); result valid in lane 0.
+__device__ float warp_dot_kv(const u16* w, const float* sc, size_t r, const float* x, int cols, int lane) {
+    int body = cols / 32 * 32;
     float acc = 0.0f;
-    for (int c = 0; c < cols; c += 64) {
-        u32 a = (c + 2 * lane < cols) ? __ldg(w2 + (c >> 1) + lane) : 0u;
-        u32 va = __shfl_sync(FULL, a, lane >> 1);
-        u32 vb = __shfl_sync(FULL, a, 16 + (lane >> 1));
-        acc = fmaf(bf16f((lane & 1) ? (va >> 16) : (va & 0xffff)), x[c + lane], acc);
-        if (c + 32 < cols) acc = fmaf(bf16f((lane & 1) ? (vb >> 16) : (vb & 0xffff)), x[c + 32 + lane], acc);
-    }
-    return fold_lanes(acc);
+    for (int c = lane; c < body; c += 32) acc = fmaf(kv_weight(w, sc, r, c, cols), x[c], acc);
+    acc = fold_lanes(acc);
+    if (lane == 0)
+        for (int c = body; c < cols; c++) acc = fmaf(kv_weight(w, sc, r, c, cols), x[c], acc);
+    return acc;
 }
 
 // 16 bytes of weights, prefetching the rest of their 256-byte L2 line: the next blocks of the same row(s)
@@ -254,20 +258,23 @@ __device__ __forceinline__ void mm_piece(uint4* dst, const uint4* w, int p, int 
 // (residual adds fused). Output index o: W may be several matrices back to back (split.off: each part's first
 // row, the unused ones = rows); part p's outputs lie together, [n][its rows], from n · off[p] on, so one launch
 // serves every part and a one-part matrix is plain [n][rows].
-template <int T>
-__device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float* y, int rows, int cols, int n,
-                                            int tile, const float* norm_w, float eps, const float* add,
-                                            int accumulate, Parts split) {
+// B: bytes a weight, 2 (BF16) or 1 (FP8 e4m3, each weight times its 128-column block's scale: sc holds
+// ceil(cols / 128) scales a row, `matmul_fp8`).
+template <int T, int B>
+__device__ __forceinline__ void matmul_rows(const void* W, const float* sc, const float* x, float* y, int rows,
+                                            int cols, int n, int tile, const float* norm_w, float eps,
+                                            const float* add, int accumulate, Parts split) {
     extern __shared__ uint4 dyn[];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int chunks = cols / 8, pieces = (chunks + 255) / 256;
+    int chunks = cols * B / 16, pieces = (chunks + 255) / 256;
     // A row of fewer than MM_RING pieces has a ring of its pieces only: slots past them are never written (its
     // copies from piece MM_RING on are empty).
     int slots = min(MM_RING, pieces);
     uint4* ring = dyn + warp * slots * 256;
     float* xs = (float*)(dyn + warps * slots * 256);
     int r = blockIdx.x * warps + warp;
-    const uint4* w = (const uint4*)(W + (size_t)min(r, rows - 1) * cols);
+    const uint4* w = (const uint4*)((const u8*)W + (size_t)min(r, rows - 1) * cols * B);
+    const float* srow = sc + (size_t)min(r, rows - 1) * ((cols + 127) >> 7);
     __shared__ float inv[T];
     for (int t0 = 0; t0 < n; t0 += tile) {
         int nt = min(tile, n - t0);
@@ -298,12 +305,13 @@ __device__ __forceinline__ void matmul_rows(const u16* W, const float* x, float*
         for (int p = 0; p < pieces; p++) {
             cp_async_wait<MM_RING - 1>();  // piece p has landed (for this lane; the barrier: for the warp)
             __syncwarp();
-            const u16* sh = (const u16*)(ring + 256 * (p % MM_RING));
-            int len = min(2048, cols - 2048 * p);
-            const float* xc = xs + 2048 * p + lane;
+            const uint4* sh = ring + 256 * (p % MM_RING);
+            int len = min(4096 / B, cols - 4096 / B * p);
+            const float* xc = xs + 4096 / B * p + lane;
 #pragma unroll 4
             for (int e = 0; e < len; e += 32) {
-                float wv = bf16f(sh[e + lane]);
+                float wv = B == 2 ? bf16f(((const u16*)sh)[e + lane])
+                                  : e4m3f(((const u8*)sh)[e + lane]) * srow[(4096 / B * p + e + lane) >> 7];
 #pragma unroll
                 for (int t = 0; t < T; t++)
                     if (t < nt) acc[t] = fmaf(wv, xc[(size_t)t * cols + e], acc[t]);
@@ -338,9 +346,9 @@ extern "C" __global__ void matmul_bf16(const u16* W, const float* x, float* y, i
     int warps = blockDim.x >> 5;
     prefetch_l2(W + (size_t)blockIdx.x * warps * cols, 2 * (size_t)min(warps, rows - (int)blockIdx.x * warps) * cols);
     if (n == 1)
-        matmul_rows<1>(W, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate, split);
+        matmul_rows<1, 2>(W, nullptr, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate, split);
     else
-        matmul_rows<MM_TILE>(W, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate, split);
+        matmul_rows<MM_TILE, 2>(W, nullptr, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate, split);
 }
 
 // out[t*rows + r] = act(G[r] . x[t], U[r] . x[t]): a gated MLP's first half, fused. Eight threads per row:
@@ -584,10 +592,11 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
     for (int i = 0; i < dim; i++) St[(size_t)i * dim + j] = Ss[i * dim + j];
 }
 
-// MLA: normalise each row's latent into the cache at position *pos + t and copy its k_pe. The position is read
-// from device memory (the pass's uploaded header), so a replayed decode graph appends where the session is.
+// MLA: normalise each row's latent into the cache at position *pos + t and copy its k_pe, rotated for that
+// position where the layer has RoPE (inv_freq not null: `rope_rotate`). The position is read from device memory
+// (the pass's uploaded header), so a replayed decode graph appends where the session is.
 extern "C" __global__ void mla_append(const float* c, const float* kv_norm, float* lat, float* pe, const u32* pos,
-                                      int n, int kvl, int rope, float eps) {
+                                      int n, int kvl, int rope, float eps, const float* inv_freq, float attn) {
     pdl_launch_next();
     pdl_wait();
     __shared__ float inv;
@@ -600,7 +609,11 @@ extern "C" __global__ void mla_append(const float* c, const float* kv_norm, floa
     __syncthreads();
     for (int i = threadIdx.x; i < kvl; i += blockDim.x)
         lat[(size_t)(start + t) * kvl + i] = kv_norm[i] * (row[i] * inv);
-    for (int i = threadIdx.x; i < rope; i += blockDim.x) pe[(size_t)(start + t) * rope + i] = row[kvl + i];
+    float* pe_t = pe + (size_t)(start + t) * rope;
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) pe_t[i] = row[kvl + i];
+    if (!inv_freq) return;
+    __syncthreads();
+    if (threadIdx.x == 0) rope_rotate(pe_t, rope, start + t, inv_freq, attn);
 }
 
 // The lane tree over 32 accumulators in one thread (written out so that every index is a constant).
@@ -633,9 +646,10 @@ __device__ float thread_dot(const float* a, const float* b, int len) {
 
 // Absorbed MLA for one (row t, head): q_lat = W_UKᵀ q_nope; p_s = softmax((q_lat·lat_s + q_pe·pe_s)·scale) over
 // s ≤ *pos + t; ctx = Σ p_s lat_s; out = W_UV ctx, times sigmoid(gate) where the layer has an output gate
-// ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl] BF16. Scratch: p [n·heads][ctx_cap] (ctx_cap: the
-// cache's capacity, so a replayed decode graph's scratch holds every position it reaches), shared: q_lat and
-// ctx (2·kvl floats). MLA_THREADS threads. At one row the block is a chain of steps, each arranged to wait as few
+// ([n][heads·dv], or null). kv_b: [heads·(nope+dv)][kvl], BF16, or FP8 with kv_sc (`kv_weight`). q_pe is
+// rotated for its position where the layer has RoPE (inv_freq not null). Scratch: p [n·heads][ctx_cap] (ctx_cap:
+// the cache's capacity, so a replayed decode graph's scratch holds every position it reaches), shared: q_lat,
+// ctx and q_pe (2·kvl + rope floats). MLA_THREADS threads. At one row the block is a chain of steps, each arranged to wait as few
 // load round trips as it can: the head's weights are fetched into L2 before the wait, a position's score is one
 // thread's (thread_dot), and positions go in chunks of the block, whose softmax terms the serial sum and ctx
 // read from shared memory.
@@ -643,11 +657,12 @@ __device__ float thread_dot(const float* a, const float* b, int len) {
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_attend(const float* q, const u16* kv_b, const float* lat, const float* pe, float* p_all, int ctx_cap,
                const float* gate, float* out, int n, int heads, int nope, int rope, int dv, int kvl, const u32* pos,
-               float scale) {
+               float scale, const float* kv_sc, const float* inv_freq, float attn) {
     pdl_launch_next();
     extern __shared__ float sh[];
     float* q_lat = sh;
     float* ctx = sh + kvl;
+    float* q_pe = sh + 2 * kvl;
     __shared__ float eb[MLA_THREADS];  // a chunk's softmax terms
     __shared__ float red[MLA_THREADS / 32];
     __shared__ float bc;
@@ -655,15 +670,20 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
     int qd = nope + rope;
     size_t base = (size_t)hd * (nope + dv);
-    prefetch_l2(kv_b + base * kvl, 2 * (size_t)(nope + dv) * kvl);
+    size_t wb = kv_sc ? 1 : 2;  // bytes a weight
+    prefetch_l2((const u8*)kv_b + wb * base * kvl, wb * (nope + dv) * kvl);
     pdl_wait();
     const float* qh = q + (size_t)t * heads * qd + (size_t)hd * qd;
     for (int cc = threadIdx.x; cc < kvl; cc += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll 16
-        for (int r = 0; r < nope; r++) acc = fmaf(bf16f(kv_b[(base + r) * kvl + cc]), qh[r], acc);
+        for (int r = 0; r < nope; r++) acc = fmaf(kv_weight(kv_b, kv_sc, base + r, cc, kvl), qh[r], acc);
         q_lat[cc] = acc;
         ctx[cc] = 0.0f;
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < rope; i++) q_pe[i] = qh[nope + i];
+        if (inv_freq) rope_rotate(q_pe, rope, *pos + t, inv_freq, attn);
     }
     __syncthreads();
     int upto = (int)*pos + t + 1;
@@ -673,7 +693,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     float mx = __int_as_float(0xff800000);
     for (int s = threadIdx.x; s < upto; s += blockDim.x) {
         float a = thread_dot(q_lat, lat + (size_t)s * kvl, kvl);
-        float b = thread_dot(qh + nope, pe + (size_t)s * rope, rope);
+        float b = thread_dot(q_pe, pe + (size_t)s * rope, rope);
         float sc = (a + b) * scale;
         p[s] = sc;
         mx = fmaxf(mx, sc);
@@ -718,7 +738,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
         __syncthreads();
     }
     for (int i = warp; i < dv; i += warps) {
-        float acc = warp_dot_bf16(kv_b + (base + nope + i) * kvl, ctx, kvl, lane);
+        float acc = warp_dot_kv(kv_b, kv_sc, base + nope + i, ctx, kvl, lane);
         size_t o = (size_t)t * heads * dv + (size_t)hd * dv + i;
         if (lane == 0) out[o] = gate ? acc * sigmoidf_(gate[o]) : acc;
     }
@@ -1216,12 +1236,13 @@ __device__ __forceinline__ int total_key(float f) {
 }
 
 // Expert selection of one row per block, as deltafin_models::moe::Router::route: s = sigmoid(logit); the top_k
-// largest s + bias in f32::total_cmp order, equal keys to the lower id; ids ascending; weight = s / (Σ s + 1e-20)
+// largest s + bias in f32::total_cmp order, equal keys to the lower id (with groups > 1, among the experts of
+// the topk_group best groups only: `keep_groups`); ids ascending; weight = s / (Σ s + 1e-20)
 // · scale (the sum left to right in ascending id order) or s / 1 · scale. Ranks by counting: no sort, no atomics.
 // table: the layer's record pointers by expert id when every expert is resident (then slots[k] = its record), or
 // null. Dynamic shared memory: 3 · e + topk words.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int topk, int renorm, float scale,
-                                     int* ids, float* wts, const u64* table, u64* slots) {
+                                     int* ids, float* wts, const u64* table, u64* slots, int groups, int topk_group) {
     pdl_launch_next();
     pdl_wait();
     extern __shared__ int rs[];
@@ -1238,6 +1259,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
         key[i] = total_key(s + bias[i]);
     }
     __syncthreads();
+    if (groups > 1) keep_groups(key, score, bias, e, groups, topk_group, pos);
     for (int i = threadIdx.x; i < e; i += blockDim.x) {
         int ki = key[i], rank = 0;
         for (int j = 0; j < e; j++) rank += key[j] > ki || (key[j] == ki && j < i);
@@ -1309,4 +1331,180 @@ extern "C" __global__ void decode_pick(const float* logits, int vocab, u32* hdr,
             hdr[1] = p0 + 1;
         }
     }
+}
+
+// ==== DeepSeek-V3 / Kimi K2 ==================================================================================
+// FP8 e4m3 spine matrices (`matmul_fp8`; the MLA's kv_b through `kv_weight`), RoPE on MLA's rope part
+// (`rope_rotate`), the grouped router (`keep_groups`), and routed experts stored as FP8 128×128-block or INT4
+// group-32 records (`expert_up_fp8` … `expert_down_int4`). Each weight is decoded to f32 where it is read, as the
+// CPU decodes it (crates/kernels: the e4m3 or nibble value times its scale, one rounding), and every dot runs in
+// the CPU's fixed order.
+
+// A float8_e4m3fn byte's value, exact: normals by their bits, subnormals (exponent field 0) as m · 2^-9 (no f32
+// subnormal arithmetic), magnitude 0x7f NaN.
+__device__ float e4m3f(u32 b) {
+    u32 mag = b & 0x7f, e = mag >> 3, m = mag & 7;
+    float v = mag == 0x7f ? __int_as_float(0x7fc00000)
+              : e       ? __int_as_float((int)(((e + 120) << 23) | (m << 20)))
+                        : (float)m * 0.001953125f;
+    return (b & 0x80) ? -v : v;
+}
+
+// Weight (r, c) of a `cols`-column spine matrix: BF16 where sc is null, else e4m3 bytes times their 128-column
+// block's scale, sc holding ceil(cols / 128) scales a row (the loader widens the 128-row blocks to rows).
+__device__ float kv_weight(const u16* w, const float* sc, size_t r, int c, int cols) {
+    if (!sc) return bf16f(w[r * cols + c]);
+    return e4m3f(((const u8*)w)[r * cols + c]) * sc[r * ((cols + 127) >> 7) + (c >> 7)];
+}
+
+// Rotates x's `rope` elements in place for position pos as deltafin_models::rope::Rotary (interleaved pairs
+// (2i, 2i+1)): the angle pos · inv_freq[i] in f32, its cosine and sine in f64 times YaRN's attention factor,
+// rounded once; x0·c − x1·s and x1·c + x0·s, each product rounded.
+__device__ void rope_rotate(float* x, int rope, u32 pos, const float* inv_freq, float attn) {
+    for (int i = 0; i < rope / 2; i++) {
+        double angle = (double)((float)pos * inv_freq[i]);
+        float c = (float)(cos(angle) * (double)attn), s = (float)(sin(angle) * (double)attn);
+        float x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = x0 * c - x1 * s;
+        x[2 * i + 1] = x1 * c + x0 * s;
+    }
+}
+
+// noaux_tc's group stage, as deltafin_models::moe::Router::route: experts in `groups` groups of consecutive ids,
+// a group scoring the sum of its two largest s + bias; the experts outside the topk_group best groups (equal
+// scores: the lower group) leave the race (their key becomes the least). gkey: groups words of scratch. The whole
+// block calls it; barriers on both sides.
+__device__ void keep_groups(int* key, const float* score, const float* bias, int e, int groups, int topk_group,
+                            int* gkey) {
+    int size = e / groups;
+    for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+        float v1 = 0.0f, v2 = 0.0f;
+        for (int i = g * size, k = 0; i < (g + 1) * size; i++, k++) {
+            float v = score[i] + bias[i];
+            if (k == 0 || total_key(v) > total_key(v1)) {
+                v2 = v1;
+                v1 = v;
+            } else if (k == 1 || total_key(v) > total_key(v2)) {
+                v2 = v;
+            }
+        }
+        gkey[g] = total_key(size > 1 ? v1 + v2 : v1);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        int g = i / size, rank = topk_group;
+        if (g < groups) {
+            rank = 0;
+            for (int h = 0; h < groups; h++) rank += gkey[h] > gkey[g] || (gkey[h] == gkey[g] && h < g);
+        }
+        if (rank >= topk_group) key[i] = (int)0x80000000u;
+    }
+    __syncthreads();
+}
+
+// matmul_bf16 for FP8 e4m3 weights W with their per-row block scales sc (see matmul_rows).
+extern "C" __global__ void matmul_fp8(const u8* W, const float* sc, const float* x, float* y, int rows, int cols, int n,
+                                      int tile, const float* norm_w, float eps, const float* add, int accumulate,
+                                      Parts split) {
+    pdl_launch_next();
+    int warps = blockDim.x >> 5;
+    prefetch_l2(W + (size_t)blockIdx.x * warps * cols, (size_t)min(warps, rows - (int)blockIdx.x * warps) * cols);
+    if (n == 1)
+        matmul_rows<1, 1>(W, sc, x, y, rows, cols, n, 1, norm_w, eps, add, accumulate, split);
+    else
+        matmul_rows<MM_TILE, 1>(W, sc, x, y, rows, cols, n, tile, norm_w, eps, add, accumulate, split);
+}
+
+// out[i] = act(g[i], u[i]) for len values: an FP8 gated MLP's activation between its matmuls.
+extern "C" __global__ void act_rows(const float* g, const float* u, float* out, int len, int act) {
+    pdl_launch_next();
+    pdl_wait();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) out[i] = actf(act, g[i], u[i]);
+}
+
+// Weight (r, c) of an expert matrix of `cols` columns in its record. ENC 0: FP8, e4m3 bytes w and the F32
+// scale_inv s [ceil(rows/128)][ceil(cols/128)]; ENC 1: INT4, nibble c of row r (low first) holding q + 8, and the
+// BF16 scales s [rows][cols/32]: (q) · scale.
+template <int ENC>
+__device__ __forceinline__ float quant_weight(const u8* w, const u8* s, size_t r, int c, int cols) {
+    if (ENC == 0)
+        return e4m3f(w[r * cols + c]) * ((const float*)s)[(r >> 7) * ((cols + 127) >> 7) + (c >> 7)];
+    u32 nib = (w[(r * cols + c) >> 1] >> (4 * (c & 1))) & 15u;
+    return ((float)nib - 8.0f) * bf16f(((const u16*)s)[r * (cols >> 5) + (c >> 5)]);
+}
+
+// Row r of an expert matrix times x (shared memory), one warp in the CPU's order (lanes, tree, then the tail);
+// valid in lane 0.
+template <int ENC>
+__device__ float quant_dot(const u8* w, const u8* s, size_t r, const float* x, int cols, int lane) {
+    int body = cols / 32 * 32;
+    float acc = 0.0f;
+    for (int c = lane; c < body; c += 32) acc = fmaf(quant_weight<ENC>(w, s, r, c, cols), x[c], acc);
+    acc = fold_lanes(acc);
+    if (lane == 0)
+        for (int c = body; c < cols; c++) acc = fmaf(quant_weight<ENC>(w, s, r, c, cols), x[c], acc);
+    return acc;
+}
+
+// One row of x (len floats) into shared memory, barriers on both sides.
+__device__ __forceinline__ void stage_row(float* xs, const float* x, int len) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < len; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+}
+
+// The routed experts of FP8 or INT4 records, with the tables of expert_up_bf16 / expert_down_bf16 (parts: byte
+// offsets of w1 weights, w1 scales, w2 weights, w2 scales, w3 weights, w3 scales). A block takes 64 rows of the
+// output, a warp every fourth of them; dynamic shared memory: the entry's x row.
+template <int ENC>
+__device__ void expert_up_quant(EXPERT_UP_ARGS) {
+    extern __shared__ float xq[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
+    const u8* rec = (const u8*)slots[u];
+    int end = min((int)blockIdx.x * 64 + 64, inter);
+    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
+        stage_row(xq, z + (size_t)rows[e] * width, width);
+        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
+            float g = quant_dot<ENC>(rec + parts.off[0], rec + parts.off[1], r, xq, width, lane);
+            float v = quant_dot<ENC>(rec + parts.off[4], rec + parts.off[5], r, xq, width, lane);
+            if (lane == 0) a[(size_t)e * inter + r] = actf(act, g, v);
+        }
+    }
+}
+
+template <int ENC>
+__device__ void expert_down_quant(EXPERT_DOWN_ARGS) {
+    extern __shared__ float xq[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
+    const u8* rec = (const u8*)slots[u];
+    int end = min((int)blockIdx.x * 64 + 64, width);
+    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
+        stage_row(xq, a + (size_t)e * inter, inter);
+        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
+            float v = quant_dot<ENC>(rec + parts.off[2], rec + parts.off[3], r, xq, inter, lane);
+            if (lane == 0) y[(size_t)e * width + r] = v;
+        }
+    }
+}
+
+extern "C" __global__ void expert_up_fp8(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<0>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_up_int4(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<1>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_down_fp8(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<0>(slots, row_off, a, y, width, inter, parts);
+}
+extern "C" __global__ void expert_down_int4(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<1>(slots, row_off, a, y, width, inter, parts);
 }

@@ -63,6 +63,10 @@ pub(crate) enum ExpertVariant {
     /// MXFP4, two rows a pass.
     Mx2,
     Bf16,
+    /// FP8 e4m3 with 128×128 block scales (DeepSeek-V3).
+    Fp8,
+    /// INT4, group 32 (Kimi K2).
+    Int4,
 }
 
 impl ExpertVariant {
@@ -71,6 +75,8 @@ impl ExpertVariant {
             ExpertVariant::Mx => "expert_up_mx",
             ExpertVariant::Mx2 => "expert_up_mx2",
             ExpertVariant::Bf16 => "expert_up_bf16",
+            ExpertVariant::Fp8 => "expert_up_fp8",
+            ExpertVariant::Int4 => "expert_up_int4",
         }
     }
 
@@ -79,6 +85,8 @@ impl ExpertVariant {
             ExpertVariant::Mx => "expert_down_mx",
             ExpertVariant::Mx2 => "expert_down_mx2",
             ExpertVariant::Bf16 => "expert_down_bf16",
+            ExpertVariant::Fp8 => "expert_down_fp8",
+            ExpertVariant::Int4 => "expert_down_int4",
         }
     }
 
@@ -86,7 +94,7 @@ impl ExpertVariant {
     pub(crate) fn act(self) -> Act {
         match self {
             ExpertVariant::Mx | ExpertVariant::Mx2 => Act::Situ,
-            ExpertVariant::Bf16 => Act::Silu,
+            ExpertVariant::Bf16 | ExpertVariant::Fp8 | ExpertVariant::Int4 => Act::Silu,
         }
     }
 }
@@ -129,12 +137,66 @@ impl MatmulBf16 {
     /// ring of 4 KB pieces (as many as a row has, at most four), then the x rows of a tile.
     pub(crate) fn go(self, gpu: &Gpu, on: On) -> Result<()> {
         let (rows, cols) = (self.rows, self.cols);
-        let smem = matmul_ring_bytes(cols) + 4 * self.n.min(self.tile) * cols;
-        let grid = (rows.div_ceil(4) as u32, 1);
-        launch(gpu, "matmul_bf16", grid, 128, smem as u32, self)
+        let (grid, smem) = matmul_shape(rows, cols, self.n, self.tile);
+        launch(gpu, "matmul_bf16", grid, 128, smem, self)
             .on(on)
             .shape(rows, cols)
             .go()
+    }
+}
+
+/// A matmul's grid and dynamic shared memory (`MatmulBf16::go`). An FP8 row has half a BF16 row's bytes, so its
+/// ring needs at most the BF16 ring's room.
+fn matmul_shape(rows: usize, cols: usize, n: usize, tile: usize) -> ((u32, u32), u32) {
+    let smem = matmul_ring_bytes(cols) + 4 * n.min(tile) * cols;
+    ((rows.div_ceil(4) as u32, 1), smem as u32)
+}
+
+kernel! {
+    /// `MatmulBf16` for FP8 e4m3 weights, each row's 128-column blocks scaled by `sc` (ceil(cols / 128) a row).
+    MatmulFp8 = ["matmul_fp8"] {
+        w: DevPtr<u8>,
+        sc: DevPtr<f32>,
+        x: DevPtr<f32>,
+        y: DevPtr<f32>,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        tile: usize,
+        norm_w: DevPtr<f32>,
+        eps: f32,
+        add: DevPtr<f32>,
+        accumulate: bool,
+        split: [u64; 6],
+    }
+}
+
+impl MatmulFp8 {
+    pub(crate) fn go(self, gpu: &Gpu, on: On) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        let (grid, smem) = matmul_shape(rows, cols, self.n, self.tile);
+        launch(gpu, "matmul_fp8", grid, 128, smem, self)
+            .on(on)
+            .shape(rows, cols)
+            .go()
+    }
+}
+
+kernel! {
+    /// out = act(g, u), elementwise over `len` values (an FP8 gated MLP's activation).
+    ActRows = ["act_rows"] {
+        g: DevPtr<f32>,
+        u: DevPtr<f32>,
+        out: DevPtr<f32>,
+        len: usize,
+        act: Act,
+    }
+}
+
+impl ActRows {
+    pub(crate) fn go(self, gpu: &Gpu, on: On) -> Result<()> {
+        let grid = (self.len.div_ceil(256) as u32, 1);
+        launch(gpu, "act_rows", grid, 256, 0, self).on(on).go()
     }
 }
 
@@ -230,7 +292,8 @@ kernel! {
 }
 
 kernel! {
-    /// Appends the rows' normalised latents and rope keys to the MLA caches at the session's position.
+    /// Appends the rows' normalised latents and rope keys (rotated where `inv_freq` is not null) to the MLA
+    /// caches at the session's position.
     MlaAppend = ["mla_append"] {
         c: DevPtr<f32>,
         kv_norm: DevPtr<f32>,
@@ -241,12 +304,15 @@ kernel! {
         kvl: usize,
         rope: usize,
         eps: f32,
+        /// RoPE's frequencies (rope / 2) and attention factor; null: NoPE.
+        inv_freq: DevPtr<f32>,
+        attn: f32,
     } grid (n as u32, 1), block 128, smem 0
 }
 
 kernel! {
     /// Absorbed MLA attention over the latent cache, gated where `gate` is not null: one block a (row, head) of
-    /// MLA_THREADS (kernels.cu) threads; shared memory: q's latent and the context (2·kvl floats).
+    /// MLA_THREADS (kernels.cu) threads; shared memory: q's latent, the context and q's rope part.
     MlaAttend = ["mla_attend"] {
         q: DevPtr<f32>,
         kv_b: DevPtr<u16>,
@@ -264,7 +330,11 @@ kernel! {
         kvl: usize,
         pos: DevPtr<u32>,
         scale: f32,
-    } grid ((n * heads) as u32, 1), block 512, smem (2 * kvl * 4) as u32
+        /// kv_b's FP8 scales (its bytes then e4m3), null for BF16.
+        kv_sc: DevPtr<f32>,
+        inv_freq: DevPtr<f32>,
+        attn: f32,
+    } grid ((n * heads) as u32, 1), block 512, smem ((2 * kvl + rope) * 4) as u32
 }
 
 kernel! {
@@ -290,7 +360,7 @@ impl MxRepack {
 kernel! {
     /// Each expert's gate and up projections and activation for its rows: expert u (`slots[u]`) takes entries
     /// `row_off[u]..row_off[u+1]`, entry e being row `rows[e]` of z, its output row e of `a`.
-    ExpertUp = ["expert_up_mx", "expert_up_mx2", "expert_up_bf16"] {
+    ExpertUp = ["expert_up_mx", "expert_up_mx2", "expert_up_bf16", "expert_up_fp8", "expert_up_int4"] {
         slots: DevPtr<u64>,
         row_off: DevPtr<i32>,
         rows: DevPtr<i32>,
@@ -312,7 +382,7 @@ impl ExpertUp {
 
 kernel! {
     /// Each expert's down projection of its entries' activations `a` into rows of y.
-    ExpertDown = ["expert_down_mx", "expert_down_mx2", "expert_down_bf16"] {
+    ExpertDown = ["expert_down_mx", "expert_down_mx2", "expert_down_bf16", "expert_down_fp8", "expert_down_int4"] {
         slots: DevPtr<u64>,
         row_off: DevPtr<i32>,
         a: DevPtr<f32>,
@@ -399,6 +469,9 @@ kernel! {
         wts: DevPtr<f32>,
         table: DevPtr<u64>,
         slots: DevPtr<u64>,
+        /// noaux_tc's expert groups and how many of them stay in the race (groups ≤ 1: no group stage).
+        groups: usize,
+        topk_group: usize,
     }
 }
 
@@ -496,6 +569,8 @@ mod tests {
         let cu = signatures(KERNEL_SOURCE);
         let wrappers = [
             wrapper::<MatmulBf16>(),
+            wrapper::<MatmulFp8>(),
+            wrapper::<ActRows>(),
             wrapper::<MlpUpAct>(),
             wrapper::<EmbedRows>(),
             wrapper::<RmsNormRows>(),

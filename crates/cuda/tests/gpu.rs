@@ -29,7 +29,13 @@ fn tiny(arch: Arch, dir: &Path) -> CudaModel {
 #[test]
 #[ignore = "needs an NVIDIA GPU: tools/cuda/verify.sh runs it there"]
 fn steps_run_ahead_compute_exactly_what_plain_passes_do() {
-    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+    // DeepSeek-V3 (FP8) and Kimi K2 (INT4 experts): RoPE at positions read on the device, the grouped router.
+    for arch in [
+        Arch::KimiK3,
+        Arch::KimiLinear,
+        Arch::DeepseekV3,
+        Arch::KimiK2,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         make_model(arch, Preset::Tiny, 0, dir.path()).unwrap();
         let model =

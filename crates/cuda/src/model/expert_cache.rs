@@ -26,7 +26,8 @@ pub(super) trait ExpertKernels {
     fn rows_per_pass(&self) -> usize;
     /// Dynamic shared memory of an expert kernel's block that stages `rows` x rows of `len` elements: for BF16
     /// four warps' double-buffered tiles and the x row (4 bytes an element); for MXFP4 per row the block scales'
-    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element).
+    /// factors (256 floats) and the row as the tensor cores' fragments (three f16 parts: 6 bytes an element); for
+    /// FP8 and INT4 the x row.
     fn expert_smem(&self, len: usize, rows: usize) -> usize;
     /// Dynamic shared memory of an `mx_repack` block: one 32-row group of a tensor, 16 bytes per column of the
     /// longer side.
@@ -39,8 +40,12 @@ impl ExpertKernels for ExpertRecord {
     }
 
     fn offsets(&self) -> [u64; 6] {
-        // The kernels' order: w1, w2, w3 (MXFP4: packed then scales of each).
-        let tensors: &[(Role, usize)] = if self.mxfp4() {
+        // The kernels' order: w1, w2, w3 (MXFP4, FP8, INT4: weights then scales of each).
+        let scaled = matches!(
+            self.encoding,
+            Encoding::Mxfp4 | Encoding::Fp8Block | Encoding::Int4Group
+        );
+        let tensors: &[(Role, usize)] = if scaled {
             &[
                 (Role::Gate, 0),
                 (Role::Gate, 1),
@@ -60,10 +65,13 @@ impl ExpertKernels for ExpertRecord {
     }
 
     fn variant(&self, rows: usize) -> ExpertVariant {
-        match (self.mxfp4(), rows) {
-            (true, 1) => ExpertVariant::Mx,
-            (true, _) => ExpertVariant::Mx2,
-            (false, _) => ExpertVariant::Bf16,
+        match (self.encoding, rows) {
+            (Encoding::Mxfp4, 1) => ExpertVariant::Mx,
+            (Encoding::Mxfp4, _) => ExpertVariant::Mx2,
+            (Encoding::Fp8Block, _) => ExpertVariant::Fp8,
+            (Encoding::Int4Group, _) => ExpertVariant::Int4,
+            // gpt-oss (biased MXFP4) is refused before its experts are read.
+            (Encoding::Bf16 | Encoding::Mxfp4Biased, _) => ExpertVariant::Bf16,
         }
     }
 
@@ -76,10 +84,11 @@ impl ExpertKernels for ExpertRecord {
     }
 
     fn expert_smem(&self, len: usize, rows: usize) -> usize {
-        if self.mxfp4() {
-            rows * (4 * 256 + 6 * len)
-        } else {
-            4 * 2 * 32 * 9 * 16 + 4 * len
+        match self.encoding {
+            Encoding::Mxfp4 => rows * (4 * 256 + 6 * len),
+            // The FP8 and INT4 kernels stage only the x row.
+            Encoding::Fp8Block | Encoding::Int4Group => 4 * len,
+            Encoding::Bf16 | Encoding::Mxfp4Biased => 4 * 2 * 32 * 9 * 16 + 4 * len,
         }
     }
 

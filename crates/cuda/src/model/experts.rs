@@ -87,6 +87,8 @@ impl CudaModel {
             wts,
             table: route_table,
             slots,
+            groups: mc.groups,
+            topk_group: mc.topk_group,
         }
         .go(&self.gpu, n)?;
         let (entry, y) = match direct {

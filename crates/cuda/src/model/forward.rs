@@ -7,8 +7,8 @@ use super::spine::{At, Attn, Ffn, Kda, Lin, Mla, Mlp, OutGate, QPath, Streamed};
 use crate::devptr::DevPtr;
 use crate::gpu::{Doing, On};
 use crate::kernels::{
-    AttnResMix, EmbedRows, KdaRecurrence, MatmulBf16, MlaAppend, MlaAttend, MlpUpAct, RmsNormRows,
-    TimelineMark,
+    ActRows, AttnResMix, EmbedRows, KdaRecurrence, MatmulBf16, MatmulFp8, MlaAppend, MlaAttend,
+    MlpUpAct, RmsNormRows, TimelineMark,
 };
 use crate::plan::{matmul_ring_bytes, matmul_tile};
 use anyhow::{bail, Context, Result};
@@ -102,6 +102,26 @@ impl CudaModel {
                 matmul_ring_bytes(w.cols) + 4 * w.cols,
             );
         };
+        let on = if mm.side { On::Side } else { On::Compute };
+        let split = mm.split.unwrap_or(MatmulBf16::whole(w.rows));
+        if w.fp8.is_some() {
+            return MatmulFp8 {
+                w: DevPtr::new(w.ptr().addr()),
+                sc: w.scales(),
+                x,
+                y,
+                rows: w.rows,
+                cols: w.cols,
+                n,
+                tile,
+                norm_w,
+                eps,
+                add: mm.add,
+                accumulate: mm.accumulate,
+                split,
+            }
+            .go(&self.gpu, on);
+        }
         MatmulBf16 {
             w: w.ptr(),
             x,
@@ -114,9 +134,9 @@ impl CudaModel {
             eps,
             add: mm.add,
             accumulate: mm.accumulate,
-            split: mm.split.unwrap_or(MatmulBf16::whole(w.rows)),
+            split,
         }
-        .go(&self.gpu, if mm.side { On::Side } else { On::Compute })
+        .go(&self.gpu, on)
     }
 
     /// AttnRes Mix of `cur` with the anchors into `out`; with `norm`, RMS-normalised by that weight (fused).
@@ -156,6 +176,25 @@ impl CudaModel {
         out: Mm,
     ) -> Result<()> {
         let act = a.f32s(n * m.gate.rows)?;
+        let on = if out.side { On::Side } else { On::Compute };
+        if m.gate.fp8.is_some() {
+            // FP8: gate and up as matmuls, then the activation.
+            let side = Mm {
+                side: out.side,
+                ..Mm::default()
+            };
+            let g = self.mm_with(a, &m.gate, x, n, side)?;
+            let u = self.mm_with(a, &m.up, x, n, side)?;
+            ActRows {
+                g,
+                u,
+                out: act,
+                len: n * m.gate.rows,
+                act: m.act,
+            }
+            .go(&self.gpu, on)?;
+            return self.mm_into(&m.down, act, y, n, out);
+        }
         MlpUpAct {
             g: m.gate.ptr(),
             u: m.up.ptr(),
@@ -166,7 +205,7 @@ impl CudaModel {
             n,
             act: m.act,
         }
-        .go(&self.gpu, if out.side { On::Side } else { On::Compute })?;
+        .go(&self.gpu, on)?;
         self.mm_into(&m.down, act, y, n, out)
     }
 
@@ -522,6 +561,10 @@ impl CudaModel {
             }
             QPath::Direct(_) => y[0],
         };
+        let (inv_freq, rot_attn) = m
+            .rotary
+            .as_ref()
+            .map_or((DevPtr::NULL, 1.0), |(f, a)| (f.ptr(), *a));
         MlaAppend {
             c: y[1],
             kv_norm: m.kv_norm.ptr(),
@@ -532,11 +575,12 @@ impl CudaModel {
             kvl: m.kvl,
             rope: m.rope,
             eps: m.eps,
+            inv_freq,
+            attn: rot_attn,
         }
         .go(&self.gpu)?;
         let p = a.f32s(n * m.heads * cap)?;
         let attn = a.f32s(n * m.heads * m.dv)?;
-        let scale = 1.0 / ((m.nope + m.rope) as f32).sqrt();
         MlaAttend {
             q,
             kv_b: m.kv_b.ptr(),
@@ -553,7 +597,10 @@ impl CudaModel {
             dv: m.dv,
             kvl: m.kvl,
             pos,
-            scale,
+            scale: m.scale,
+            kv_sc: m.kv_b.scales(),
+            inv_freq,
+            attn: rot_attn,
         }
         .go(&self.gpu)?;
         Ok(attn)

@@ -1,6 +1,6 @@
-//! Both families on the GPU, in the order of the CPU code (crates/models): the spine in VRAM (layers beyond
-//! its budget streamed from page-locked host memory, one layer ahead), routed experts in a VRAM slot cache fed
-//! from the CPU-side expert store (by DMA from its page-locked slab).
+//! K3, Kimi Linear and DeepSeek-V3 / Kimi K2 on the GPU, in the order of the CPU code (crates/models): the spine
+//! in VRAM (layers beyond its budget streamed from page-locked host memory, one layer ahead), routed experts in a
+//! VRAM slot cache fed from the CPU-side expert store (by DMA from its page-locked slab).
 
 mod backend;
 mod cuda_model;

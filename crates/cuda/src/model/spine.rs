@@ -33,12 +33,19 @@ pub(super) struct Lin {
     pub(super) at: At,
     pub(super) rows: usize,
     pub(super) cols: usize,
+    /// FP8 (e4m3 weights at `at`): each row's 128-column block scales, ceil(cols / 128) a row; `None`: BF16.
+    pub(super) fp8: Option<At>,
 }
 
 impl Lin {
-    /// Its BF16 weights' address.
+    /// Its weights' address (BF16, or e4m3 bytes where `fp8` is set).
     pub(super) fn ptr(&self) -> DevPtr<u16> {
         DevPtr::new(self.at.addr())
+    }
+
+    /// Its FP8 scales' address; null for BF16.
+    pub(super) fn scales(&self) -> DevPtr<f32> {
+        self.fp8.as_ref().map_or(DevPtr::NULL, At::ptr)
     }
 }
 
@@ -108,6 +115,10 @@ pub(super) struct Mla {
     pub(super) dv: usize,
     pub(super) kvl: usize,
     pub(super) eps: f32,
+    /// RoPE on the rope part (DeepSeek-V3): its inv_freq (rope / 2 values) and YaRN's attention factor.
+    pub(super) rotary: Option<(At, f32)>,
+    /// The softmax scale (YaRN's mscale² included).
+    pub(super) scale: f32,
 }
 
 pub(super) enum Attn {

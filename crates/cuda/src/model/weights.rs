@@ -12,8 +12,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_formats::checkpoint::Checkpoint;
 use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_kernels::FP8_BLOCK;
 use deltafin_models::describe::{self, Description, Mat, Vector};
-use deltafin_models::weights::{Linear, Loader};
+use deltafin_models::rope::{softmax_scale, Pairing, Rotary};
+use deltafin_models::weights::{Linear, Loader, Stored};
 use deltafin_models::{open_expert_store, LoadOptions, ModelExperts};
 use std::cell::Cell;
 use std::path::Path;
@@ -50,35 +52,78 @@ impl Block {
         self.put(as_bytes(v))
     }
 
-    fn lin(&mut self, m: Linear) -> Lin {
-        let (_, mut parts) = self.fuse(vec![m]);
-        parts.pop().expect("one part")
+    fn lin(&mut self, m: Linear) -> Result<Lin> {
+        let (_, mut parts) = self.fuse(vec![m])?;
+        Ok(parts.pop().expect("one part"))
+    }
+
+    /// The current end of the image, as a tensor's place.
+    fn here(&self) -> At {
+        At {
+            base: self.base.clone(),
+            off: self.bytes.len() as u64,
+        }
     }
 
     /// Matrices that multiply the same input, back to back in the order given: a one-row pass runs them as one
     /// matmul (`mm_parts`). Returns the fused matrix and each part. Every part's rows are whole 32-element
-    /// blocks, so each part starts 64-byte aligned.
-    fn fuse(&mut self, parts: Vec<Linear>) -> (Lin, Vec<Lin>) {
+    /// blocks, so each part starts 32-byte aligned (FP8) or 64-byte aligned (BF16). FP8 parts' row scales follow
+    /// their weights in the same order, so the fused matrix's row r has its scales at row r too.
+    fn fuse(&mut self, parts: Vec<Linear>) -> Result<(Lin, Vec<Lin>)> {
         let cols = parts[0].cols;
         let rows = parts.iter().map(|p| p.rows).sum();
+        let fp8 = parts[0].bf16().is_none();
+        if let Some(p) = parts.iter().find(|p| p.bf16().is_none() != fp8) {
+            bail!(
+                "{} and {}: CUDA reads the matrices of one input all BF16 or all FP8; run this model on the CPU",
+                parts[0].name,
+                p.name
+            );
+        }
         let at = self.put(&[]);
         let mut placed = Vec::with_capacity(parts.len());
-        for p in parts {
+        for p in &parts {
             assert_eq!(p.cols, cols, "fused matrices share their input");
             self.matrix_bytes += p.bytes() as u64;
             placed.push(Lin {
-                at: At {
-                    base: self.base.clone(),
-                    off: self.bytes.len() as u64,
-                },
+                at: self.here(),
                 rows: p.rows,
                 cols,
+                fp8: None,
             });
-            self.bytes
-                .extend_from_slice(as_bytes(p.bf16().expect("ld_mat loads BF16 only")));
+            match &p.weights {
+                Stored::Bf16(data) => self.bytes.extend_from_slice(as_bytes(data)),
+                Stored::Fp8Block { data, .. } => self.bytes.extend_from_slice(data),
+            }
         }
-        (Lin { at, rows, cols }, placed)
+        let scales = fp8.then(|| self.put(&[]));
+        for (p, l) in parts.iter().zip(&mut placed) {
+            if let Stored::Fp8Block { scale_inv, .. } = &p.weights {
+                l.fp8 = Some(self.here());
+                self.bytes
+                    .extend_from_slice(as_bytes(&row_scales(scale_inv, p.rows, cols)));
+            }
+        }
+        Ok((
+            Lin {
+                at,
+                rows,
+                cols,
+                fp8: scales,
+            },
+            placed,
+        ))
     }
+}
+
+/// An FP8 matrix's 128×128 block scales widened to one row of ceil(cols / 128) per matrix row (the kernels look
+/// up row r's scales at row r, whichever matrix of a fused one it belongs to).
+fn row_scales(scale_inv: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let per_row = cols.div_ceil(FP8_BLOCK);
+    (0..rows)
+        .flat_map(|r| &scale_inv[r / FP8_BLOCK * per_row..][..per_row])
+        .copied()
+        .collect()
 }
 
 /// Plain values (f32, u16) as their bytes.
@@ -101,9 +146,8 @@ impl Source {
     pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
         let cfg = ModelConfig::from_dir(dir)?;
         let family = match cfg.family {
-            Family::DeepseekV3 => Some("the DeepSeek-V3 / Kimi K2 family"),
             Family::GptOss => Some("gpt-oss"),
-            Family::KimiK3 | Family::KimiLinear => None,
+            Family::KimiK3 | Family::KimiLinear | Family::DeepseekV3 => None,
         };
         if let Some(family) = family {
             bail!(
@@ -120,6 +164,7 @@ impl Source {
     }
 }
 
+/// A matrix for the matmul kernels (BF16 or FP8).
 fn ld_mat(ld: &Loader, m: &Mat) -> Result<Linear> {
     // The kernels read rows in whole 32-element blocks with 16-byte loads.
     if !m.cols.is_multiple_of(32) {
@@ -129,11 +174,7 @@ fn ld_mat(ld: &Loader, m: &Mat) -> Result<Linear> {
             m.cols
         );
     }
-    let l = ld.linear(m)?;
-    if l.bf16().is_none() {
-        bail!("{}: the CUDA kernels read BF16 matrices only", m.name);
-    }
-    Ok(l)
+    ld.linear(m)
 }
 
 /// Puts the embeddings and head, and the layers that fit in `spine_vram` (`plan_spine`), in VRAM of their own;
@@ -272,9 +313,6 @@ impl CudaModel {
                 };
                 let attn = match &d.attn {
                     describe::Attention::Mla(m) => {
-                        if m.kv_lora % 32 != 0 {
-                            bail!("kv_lora_rank {} must be a multiple of 32", m.kv_lora);
-                        }
                         let q_first = match &m.q {
                             describe::QueryPath::LowRank { a, .. } => a,
                             describe::QueryPath::Direct(p) => p,
@@ -283,7 +321,7 @@ impl CudaModel {
                         if let Some(g) = &m.gate {
                             parts.push(mat(g)?);
                         }
-                        let (xin, parts) = b.fuse(parts);
+                        let (xin, parts) = b.fuse(parts)?;
                         let mut parts = parts.into_iter();
                         let (q_in, kv_a, gate) = (
                             parts.next().expect("q"),
@@ -294,7 +332,7 @@ impl CudaModel {
                             describe::QueryPath::LowRank { norm, b: q_b, .. } => QPath::Low {
                                 a: q_in,
                                 norm: vecf(b, norm)?,
-                                b: b.lin(mat(q_b)?),
+                                b: b.lin(mat(q_b)?)?,
                             },
                             describe::QueryPath::Direct(_) => QPath::Direct(q_in),
                         };
@@ -303,15 +341,21 @@ impl CudaModel {
                             q,
                             kv_a,
                             kv_norm: vecf(b, &m.kv_norm)?,
-                            kv_b: b.lin(mat(&m.kv_b)?),
+                            // Read by mla_attend alone, element by element: any kv_lora_rank.
+                            kv_b: b.lin(ld.linear(&m.kv_b)?)?,
                             gate,
-                            o: b.lin(mat(&m.o)?),
+                            o: b.lin(mat(&m.o)?)?,
                             heads: m.heads,
                             nope: m.nope,
                             rope: m.rope,
                             dv: m.v,
                             kvl: m.kv_lora,
                             eps: m.latent_eps,
+                            rotary: m.rotary.as_ref().map(|r| {
+                                let r = Rotary::new(r, m.rope, Pairing::Interleaved);
+                                (b.vector(r.inv_freq()), r.attn() as f32)
+                            }),
+                            scale: softmax_scale(m.nope + m.rope, m.rotary.as_ref()),
                         }))
                     }
                     describe::Attention::Gqa(_) => {
@@ -352,12 +396,12 @@ impl CudaModel {
                             mat(&k.f_a)?,
                             mat(g_in)?,
                             mat(&k.b)?,
-                        ]);
+                        ])?;
                         let [q, k_proj, v, f_a, g_in, b_proj]: [Lin; 6] =
                             parts.try_into().map_err(|_| anyhow!("six parts"))?;
                         let gate = match g_b {
                             None => OutGate::Full(g_in),
-                            Some(g_b) => OutGate::Low(g_in, b.lin(mat(g_b)?)),
+                            Some(g_b) => OutGate::Low(g_in, b.lin(mat(g_b)?)?),
                         };
                         Attn::Kda(Box::new(Kda {
                             xin,
@@ -366,13 +410,13 @@ impl CudaModel {
                             v,
                             conv: b.vector(&conv),
                             f_a,
-                            f_b: b.lin(mat(&k.f_b)?),
+                            f_b: b.lin(mat(&k.f_b)?)?,
                             b: b_proj,
                             a_log: b.vector(&a_log),
                             dt_bias: vecf(b, &k.dt_bias)?,
                             o_norm: vecf(b, &k.o_norm)?,
                             gate,
-                            o: b.lin(mat(&k.o)?),
+                            o: b.lin(mat(&k.o)?)?,
                             heads,
                             dim,
                             kern,
@@ -384,9 +428,9 @@ impl CudaModel {
                 let mlp = |b: &mut Block, m: &describe::Mlp| -> Result<Mlp> {
                     Ok(Mlp {
                         act: Act::of(m.act),
-                        gate: b.lin(mat(&m.gate)?),
-                        up: b.lin(mat(&m.up)?),
-                        down: b.lin(mat(&m.down)?),
+                        gate: b.lin(mat(&m.gate)?)?,
+                        up: b.lin(mat(&m.up)?)?,
+                        down: b.lin(mat(&m.down)?)?,
                     })
                 };
                 let ffn = match &d.ffn {
@@ -395,14 +439,14 @@ impl CudaModel {
                         let router = mat(&m.router.gate)?;
                         let (xin, router, latent) = match &m.latent {
                             Some(lt) => {
-                                let (xin, parts) = b.fuse(vec![mat(&lt.down)?, router]);
+                                let (xin, parts) = b.fuse(vec![mat(&lt.down)?, router])?;
                                 let [down, router]: [Lin; 2] =
                                     parts.try_into().map_err(|_| anyhow!("two parts"))?;
                                 let norm = vecf(b, &lt.norm)?;
-                                let up = b.lin(mat(&lt.up)?);
+                                let up = b.lin(mat(&lt.up)?)?;
                                 (Some(xin), router, Some((down, norm, up)))
                             }
-                            None => (None, b.lin(router), None),
+                            None => (None, b.lin(router)?, None),
                         };
                         Ffn::Moe(Box::new(Moe {
                             xin,
@@ -435,11 +479,14 @@ impl CudaModel {
         let embed = ld_mat(&ld, &desc.embed)?;
         // One row of the embedding table is read per token: not counted as matrix bytes.
         let embed = Lin {
-            at: head.put(as_bytes(embed.bf16().expect("ld_mat loads BF16 only"))),
+            at: head.put(as_bytes(embed.bf16().with_context(|| {
+                format!("{}: CUDA reads the embeddings in BF16 only", embed.name)
+            })?)),
             rows: embed.rows,
             cols: embed.cols,
+            fp8: None,
         };
-        let lm_head = head.lin(ld_mat(&ld, &desc.lm_head)?);
+        let lm_head = head.lin(ld_mat(&ld, &desc.lm_head)?)?;
         let out_res = match &desc.residual {
             describe::Residual::AttnRes { out, .. } => Some(head.vector(&ld.res_score(out)?)),
             describe::Residual::PreNorm => None,
