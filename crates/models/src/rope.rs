@@ -74,6 +74,16 @@ impl Rotary {
         }
     }
 
+    /// One frequency per pair, in float32 (a device rotating as [`Rotary::rotate`] does reads them).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// YaRN's attention factor on cos and sin (1 without YaRN).
+    pub fn attn_factor(&self) -> f64 {
+        self.attn
+    }
+
     /// Rotates `x` (one head's `dim` rotated elements) in place for position `pos`.
     pub fn rotate(&self, x: &mut [f32], pos: usize) {
         let rot = |a: &mut f32, b: &mut f32, f: f32| {
