@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine with the prebuilt binary: CPU vs CUDA logits on the tiny and small presets of every
-# family on CUDA (DeepSeek-V3 and Kimi K2 in each of their stored formats), reproducibility, the engine's paths on the GPU (speculative decoding, chat, serve), then decode
+# family (MODELS; DeepSeek-V3 and Kimi K2 in each of their stored formats) and the released-format fixtures against
+# transformers' goldens, reproducibility, the engine's paths on the GPU (speculative decoding, chat, serve), then decode
 # benchmarks (resident and streamed experts) with the copy probes. TESTS, needed unless MODE is bench: the GPU
 # tests' binary (crates/cuda/tests/gpu.rs; `cargo test --release -p deltafin-cuda --test gpu --no-run` names it).
 # Usage: tools/cuda/verify.sh BINARY OUTDIR [correctness|bench|all] [TESTS]
 set -uo pipefail
 BIN=$(realpath "$1"); OUT=$2; MODE=${3:-all}; TESTS=${4:-}
+MODELS=${MODELS:-kimi_k3 kimi_linear deepseek_v3:fp8 deepseek_v3:bf16 kimi_k2:int4 gpt_oss}
 mkdir -p "$OUT"
 REPORT=$OUT/report.txt
 log() { echo "$@" | tee -a "$REPORT"; }
 
 source "$(dirname "$0")/env.sh"
+# The released-format fixtures with their transformers goldens, from the repository root or a folder under it.
+FIXTURES=""; for d in . .. ../.. ../../..; do [ -d "$d/tests/fixtures" ] && FIXTURES=$d/tests/fixtures && break; done
 log "== environment"; log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$REPORT"
 ldd "$BIN" 2>&1 | tee -a "$REPORT"
@@ -22,7 +26,7 @@ NEW=8
 fail=0
 if [ "$MODE" != bench ]; then
   log "== correctness: CPU vs CUDA logits (prompt 12 tokens, 8 greedy decode steps)"
-  for model in deepseek_v3:fp8 deepseek_v3:bf16 kimi_k2:int4 kimi_k3 kimi_linear; do for preset in tiny small; do
+  for model in $MODELS; do for preset in tiny small; do
     arch=${model%%:*}; quant=${model#$arch}; quant=${quant#:}
     m=$(checkpoint "$BIN" $arch $preset $quant)
     name=$arch${quant:+-$quant}
@@ -44,7 +48,7 @@ if [ "$MODE" != bench ]; then
   # transformers' float64 goldens of the DeepSeek-V3 / Kimi K2 fixtures (crates/cli/tests/golden_deepseek.rs):
   # prompt and generated ids as one CUDA prefill, each golden row within 1e-4 relative, the same argmax.
   for f in deepseek_v3_tiny_bf16 deepseek_v3_tiny_fp8 kimi_k2_tiny_int4; do
-    d=tests/fixtures/$f
+    d=$FIXTURES/$f
     ids=$(python3 -c 'import json, sys; g = json.load(open(sys.argv[1])); print(",".join(map(str, g["prompt_ids"] + g["generated_ids"])))' "$d/golden.json")
     if "$BIN" run --model "$d" --device cuda --prompt-ids "$ids" --max-new 1 --ignore-eos --dump-logits "$W/$f-gpu.npy" >/dev/null 2>"$W/gpu.err"; then
       python3 - "$d/golden_logits.npy" "$W/$f-gpu.npy" "$f" <<'PY' 2>&1 | tee -a "$REPORT" || fail=1
@@ -69,6 +73,42 @@ PY
     python3 tools/cuda/compare.py "$W/long-cpu.npy" "$W/long-gpu.npy" 700 "kimi_k3-tiny, 700-token prompt" 2>&1 | tee -a "$REPORT" || fail=1
   else
     log "FAIL kimi_k3 tiny, 700-token prompt: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
+  fi
+  # gpt-oss small's sliding layers see 128 positions: a 200-token prompt and its decode steps pass the window
+  # (tiny's window of 6 is passed by the 12-token prompt above).
+  m=$(checkpoint "$BIN" gpt_oss small)
+  LONG=$(seq -s, 1 200)
+  "$BIN" run --model "$m" --prompt-ids "$LONG" --max-new 4 --ignore-eos --dump-logits "$W/oss-long-cpu.npy" >/dev/null 2>&1
+  if "$BIN" run --model "$m" --device cuda --prompt-ids "$LONG" --max-new 4 --ignore-eos --dump-logits "$W/oss-long-gpu.npy" >/dev/null 2>"$W/gpu.err"; then
+    python3 tools/cuda/compare.py "$W/oss-long-cpu.npy" "$W/oss-long-gpu.npy" 200 "gpt_oss-small, 200-token prompt" 2>&1 | tee -a "$REPORT" || fail=1
+  else
+    log "FAIL gpt_oss small, 200-token prompt: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
+  fi
+  # The released MXFP4 fixture on CUDA against transformers' float64 goldens (as golden_gpt_oss.rs checks the CPU):
+  # row r < P is golden row r, the row choosing generated token j golden row P − 1 + j.
+  fx=$FIXTURES/gpt_oss_tiny_mxfp4
+  if [ ! -f "$fx/golden.json" ]; then
+    log "FAIL: tests/fixtures/gpt_oss_tiny_mxfp4 not found at or above $PWD"; fail=1
+  else
+    read -r fp fn < <(python3 -c "import json,sys; g=json.load(open(sys.argv[1])); print(','.join(map(str,g['prompt_ids'])), len(g['generated_ids']))" "$fx/golden.json")
+    if "$BIN" run --model "$fx" --device cuda --prompt-ids "$fp" --max-new "$fn" --ignore-eos --dump-logits "$W/fixture-gpu.npy" >/dev/null 2>"$W/gpu.err"; then
+      python3 - "$fx" "$W/fixture-gpu.npy" <<'PY' 2>&1 | tee -a "$REPORT" || fail=1
+import json, sys
+import numpy as np
+g = json.load(open(f"{sys.argv[1]}/golden.json"))
+gold, ours = np.load(f"{sys.argv[1]}/golden_logits.npy"), np.load(sys.argv[2])
+p, gen = len(g["prompt_ids"]), g["generated_ids"]
+rel = [float(np.abs(ours[r] - gold[r if r < p else r - 1]).max() / np.abs(gold[r if r < p else r - 1]).max())
+       for r in range(len(ours))]
+tokens = [int(ours[p + j].argmax()) for j in range(len(gen))]
+ok = len(ours) == p + len(gen) and max(rel) <= 1e-4 and tokens == gen
+print(json.dumps({"model": "gpt_oss_tiny_mxfp4 fixture on CUDA vs transformers", "rows": len(ours),
+                  "max_rel": max(rel), "greedy_tokens_equal": tokens == gen, "pass": ok}))
+sys.exit(0 if ok else 1)
+PY
+    else
+      log "FAIL gpt-oss fixture: cuda run"; cat "$W/gpu.err" | tee -a "$REPORT"; fail=1
+    fi
   fi
   cp "$W"/kimi_k3-small-*.npy "$OUT/" 2>/dev/null
 

@@ -70,6 +70,15 @@ pub const KERNEL_NAMES: &[&str] = &[
     "mx_repack",
     "decode_pick",
     "timeline_mark",
+    "gqa_append",
+    "gqa_attend",
+    "bias_rows",
+    "add_rows",
+    "moe_route_softmax",
+    "expert_up_mxb",
+    "expert_up_mxb2",
+    "expert_down_mxb",
+    "expert_down_mxb2",
 ];
 
 /// The kernels whose dynamic shared memory can exceed the default 48 KB.
@@ -88,6 +97,10 @@ const DYNAMIC_SMEM: &[&str] = &[
     "expert_down_mx2",
     "expert_down_bf16",
     "kda_recurrence",
+    "expert_up_mxb",
+    "expert_up_mxb2",
+    "expert_down_mxb",
+    "expert_down_mxb2",
 ];
 
 /// Why CUDA cannot be used here, or `Ok` with the device count: checks the driver library, the NVRTC

@@ -1333,7 +1333,46 @@ extern "C" __global__ void decode_pick(const float* logits, int vocab, u32* hdr,
     }
 }
 
-// ==== DeepSeek-V3 / Kimi K2 ==================================================================================
+// ==== DeepSeek-V3 / Kimi K2 ===========================================================================        }
+    }
+}
+
+template <int ENC>
+__device__ void expert_down_quant(EXPERT_DOWN_ARGS) {
+    extern __shared__ float xq[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
+    const u8* rec = (const u8*)slots[u];
+    int end = min((int)blockIdx.x * 64 + 64, width);
+    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
+        stage_row(xq, a + (size_t)e * inter, inter);
+        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
+            float v = quant_dot<ENC>(rec + parts.off[2], rec + parts.off[3], r, xq, inter, lane);
+            if (lane == 0) y[(size_t)e * width + r] = v;
+        }
+    }
+}
+
+extern "C" __global__ void expert_up_fp8(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<0>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_up_int4(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<1>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_down_fp8(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<0>(slots, row_off, a, y, width, inter, parts);
+}
+extern "C" __global__ void expert_down_int4(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<1>(slots, row_off, a, y, width, inter, parts);
+}
+
 // FP8 e4m3 spine matrices (`matmul_fp8`; the MLA's kv_b through `kv_weight`), RoPE on MLA's rope part
 // (`rope_rotate`), the grouped router (`keep_groups`), and routed experts stored as FP8 128×128-block or INT4
 // group-32 records (`expert_up_fp8` … `expert_down_int4`). Each weight is decoded to f32 where it is read, as the
@@ -1469,42 +1508,276 @@ __device__ void expert_up_quant(EXPERT_UP_ARGS) {
             float g = quant_dot<ENC>(rec + parts.off[0], rec + parts.off[1], r, xq, width, lane);
             float v = quant_dot<ENC>(rec + parts.off[4], rec + parts.off[5], r, xq, width, lane);
             if (lane == 0) a[(size_t)e * inter + r] = actf(act, g, v);
+=======
+// ==== gpt-oss (crates/cuda/src/model/gqa.rs, the biased MXFP4 experts, the softmax-over-top-k router) ====
+
+// Each row's q, k and v plus their biases, q and k rotated (rotate-half: element i pairs with i + dim/2) for the
+// row's position *pos + t as deltafin_models::rope::Rotary does it: the angle in f32, its cosine and sine in
+// f64 times YaRN's factor `attn`, rounded once; k and v then appended to the caches ([position][kv_heads · dim])
+// at that position. q is rotated in place. One block a row.
+extern "C" __global__ void gqa_append(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                                      const float* bv, const float* inv_freq, double attn, float* kc, float* vc,
+                                      const u32* pos, int n, int heads, int kv_heads, int dim) {
+    pdl_launch_next();
+    pdl_wait();
+    int t = blockIdx.x, half = dim / 2, kw = kv_heads * dim;
+    u32 p = *pos + t;
+    float* qr = q + (size_t)t * heads * dim;
+    const float* kr = k + (size_t)t * kw;
+    float* kd = kc + (size_t)p * kw;
+    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
+        int h = i / half, j = i % half;
+        bool is_q = h < heads;
+        int o = (is_q ? h : h - heads) * dim;
+        const float* src = is_q ? qr + o : kr + o;
+        const float* b = is_q ? bq + o : bk + o;
+        float* dst = is_q ? qr + o : kd + o;
+        float angle = (float)p * inv_freq[j];
+        float c = (float)(cos((double)angle) * attn), s = (float)(sin((double)angle) * attn);
+        float x0 = src[j] + b[j], x1 = src[j + half] + b[j + half];
+        dst[j] = x0 * c - x1 * s;
+        dst[j + half] = x1 * c + x0 * s;
+    }
+    const float* vr = v + (size_t)t * kw;
+    for (int i = threadIdx.x; i < kw; i += blockDim.x) vc[(size_t)p * kw + i] = vr[i] + bv[i];
+}
+
+// Grouped-query attention with a learned sink for one (row t, query head h), as deltafin_models::gqa computes
+// it: scores q·k_s · scale (thread_dot: the CPU's dot order) over s from `first` to *pos + t, first = 0 or, with
+// a window, the last `window` positions (the current one included); the softmax over the scores and the head's
+// sink logit, whose probability is dropped (max from the sink, the sum left to right, then the sink's term);
+// out = Σ p_s v_s in position order. Scratch p: [n·heads][ctx_cap]. GQA_THREADS threads, dim ≤ GQA_THREADS (the
+// host checks): thread d accumulates element d.
+#define GQA_THREADS 128
+extern "C" __global__ void __launch_bounds__(GQA_THREADS)
+    gqa_attend(const float* q, const float* kc, const float* vc, const float* sinks, float* p_all, int ctx_cap,
+               float* out, int n, int heads, int kv_heads, int dim, int window, const u32* pos, float scale) {
+    pdl_launch_next();
+    pdl_wait();
+    __shared__ float eb[GQA_THREADS];  // a chunk's probabilities
+    __shared__ float red[GQA_THREADS / 32];
+    __shared__ float bc;
+    int t = blockIdx.x / heads, h = blockIdx.x % heads;
+    int g = h / (heads / kv_heads), kw = kv_heads * dim;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
+    int upto = (int)*pos + t + 1;
+    int first = window > 0 ? max(0, upto - window) : 0, len = upto - first;
+    const float* qh = q + ((size_t)t * heads + h) * dim;
+    const float* kh = kc + (size_t)first * kw + (size_t)g * dim;
+    const float* vh = vc + (size_t)first * kw + (size_t)g * dim;
+    float* p = p_all + (size_t)blockIdx.x * ctx_cap;
+    float sink = sinks[h];
+    // The maximum of the sink and the scores (fmaxf in any order: the serial maximum, see mla_attend).
+    float mx = sink;
+    for (int s = threadIdx.x; s < len; s += blockDim.x) {
+        float sc = thread_dot(qh, kh + (size_t)s * kw, dim) * scale;
+        p[s] = sc;
+        mx = fmaxf(mx, sc);
+    }
+    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < warps; i++) mx = fmaxf(mx, red[i]);
+        bc = mx;
+    }
+    __syncthreads();
+    mx = bc;
+    // exp(p_s − max), summed left to right by thread 0 a chunk at a time (thread i reads back only what it wrote).
+    float sum = 0.0f;
+    for (int s0 = 0; s0 < len; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x;
+        if (s < len) {
+            float e = expf(p[s] - mx);
+            p[s] = e;
+            eb[threadIdx.x] = e;
         }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0; i < min((int)blockDim.x, len - s0); i++) sum += eb[i];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) bc = 1.0f / (sum + expf(sink - mx));
+    __syncthreads();
+    float inv = bc, acc = 0.0f;
+    int d = threadIdx.x;
+    for (int s0 = 0; s0 < len; s0 += blockDim.x) {
+        int s = s0 + threadIdx.x, m = min((int)blockDim.x, len - s0);
+        if (s < len) eb[threadIdx.x] = p[s] * inv;
+        __syncthreads();
+        if (d < dim)
+            for (int i = 0; i < m; i++) acc += eb[i] * vh[(size_t)(s0 + i) * kw + d];
+        __syncthreads();
+    }
+    if (d < dim) out[((size_t)t * heads + h) * dim + d] = acc;
+}
+
+// out[t][i] = b[i] for n rows of len: a bias as a matmul's `add` rows. One block a row.
+extern "C" __global__ void bias_rows(const float* b, float* out, int n, int len) {
+    pdl_launch_next();
+    pdl_wait();
+    for (int i = threadIdx.x; i < len; i += blockDim.x) out[(size_t)blockIdx.x * len + i] = b[i];
+}
+
+// y[i] += x[i] (the routed experts' sum into the residual stream where no matmul follows them).
+extern "C" __global__ void add_rows(float* y, const float* x, int len) {
+    pdl_launch_next();
+    pdl_wait();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len) y[i] += x[i];
+}
+
+// The top k of e keys (total_key order; equal keys: the lower id) in ascending id: pick[i] whether i is one,
+// sel[0..topk) the ids. Ranks by counting, no sort; the whole block calls it (it ends with a barrier).
+__device__ void select_top(const int* key, int e, int topk, int* pick, int* sel) {
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        int ki = key[i], rank = 0;
+        for (int j = 0; j < e; j++) rank += key[j] > ki || (key[j] == ki && j < i);
+        pick[i] = rank < topk;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        if (pick[i]) {
+            int p = 0;
+            for (int j = 0; j < i; j++) p += pick[j];
+            sel[p] = i;
+        }
+    }
+    __syncthreads();
+}
+
+// gpt-oss's router for one row per block, as deltafin_models::moe::Router::softmax_top_k: l = logit + bias (the
+// linear's); the top_k l; ids ascending; weights the softmax of their l in that order (max-subtracted, summed
+// left to right). table/slots as in moe_route. Dynamic shared memory: 3 · e + 2 · topk words.
+extern "C" __global__ void moe_route_softmax(const float* logits, const float* bias, int e, int topk, int* ids,
+                                             float* wts, const u64* table, u64* slots) {
+    pdl_launch_next();
+    pdl_wait();
+    extern __shared__ int rs[];
+    int* key = rs;
+    float* val = (float*)(rs + e);
+    int* pick = rs + 2 * e;
+    int* sel = rs + 3 * e;
+    float* w = (float*)(sel + topk);
+    int t = blockIdx.x;
+    const float* l = logits + (size_t)t * e;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) {
+        float v = l[i] + bias[i];
+        val[i] = v;
+        key[i] = total_key(v);
+    }
+    __syncthreads();
+    select_top(key, e, topk, pick, sel);
+    if (threadIdx.x == 0) {
+        float mx = __int_as_float(0xff800000), sum = 0.0f;
+        for (int k = 0; k < topk; k++) mx = fmaxf(mx, val[sel[k]]);
+        for (int k = 0; k < topk; k++) {
+            w[k] = expf(val[sel[k]] - mx);
+            sum += w[k];
+        }
+        float inv = 1.0f / sum;
+        for (int k = 0; k < topk; k++) w[k] *= inv;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < topk; k += blockDim.x) {
+        int id = sel[k];
+        ids[(size_t)t * topk + k] = id;
+        wts[(size_t)t * topk + k] = w[k];
+        if (table) slots[(size_t)t * topk + k] = table[id];
     }
 }
 
-template <int ENC>
-__device__ void expert_down_quant(EXPERT_DOWN_ARGS) {
-    extern __shared__ float xq[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
+// gpt-oss's activation: g = min(gate, limit), u = clamp(up, ±limit), (u + 1) · g · σ(1.702 g) (ops::Act).
+__device__ __forceinline__ float clamped_swiglu(float g, float u, float limit) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return (u + 1.0f) * (g * sigmoidf_(1.702f * g));
+}
+
+// gpt-oss's routed experts (MXFP4 with BF16 biases), on the tensor cores as rows32_mx computes K3's; parts: byte
+// offsets of gate_up's blocks, scales and bias, then down's. gate_up's 2·inter rows alternate gate (2j) and up
+// (2j + 1); mx_repack keeps each 32-row group's rows where they are, so a group yields 16 (gate, up) pairs. Four
+// warps a block: expert_up_biased's warp (half, sub) takes gate_up rows 64·x + 32·sub over half of the blocks,
+// and the block writes intermediate rows 32·x .. 32·x + 31 (the halves added lo + hi, then the bias, as the CPU
+// adds it after its matmul); expert_down_biased is expert_down with down's bias added to each output.
+template <int R>
+__device__ void expert_up_biased(const u64* slots, const int* row_off, const int* rows, const float* z, float* a,
+                                 int width, int inter, float limit, Parts parts) {
+    extern __shared__ uint4 dyn[];
+    __shared__ float part[R][2][2][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = warp & 1, half = warp >> 1;
+    int u = blockIdx.y;
+    int nb = width / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
     const u8* rec = (const u8*)slots[u];
-    int end = min((int)blockIdx.x * 64 + 64, width);
-    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_row(xq, a + (size_t)e * inter, inter);
-        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
-            float v = quant_dot<ENC>(rec + parts.off[2], rec + parts.off[3], r, xq, inter, lane);
-            if (lane == 0) y[(size_t)e * width + r] = v;
+    const u16* bias = (const u16*)(rec + parts.off[2]);
+    int r0 = blockIdx.x * 64 + 32 * sub, j = blockIdx.x * 32 + lane;
+    for (int e = row_off[u]; e < row_off[u + 1]; e += R) {
+        bool two = R > 1 && e + 1 < row_off[u + 1];
+        stage_mx_x<R>((float*)dyn, z + (size_t)rows[e] * width, two ? z + (size_t)rows[e + 1] * width : nullptr,
+                      width);
+        rows32_mx<R>(rec + parts.off[0], rec + parts.off[1], width, r0, b0, b1, (const float*)dyn, two,
+                     part[0][sub][half], part[R - 1][sub][half]);
+        __syncthreads();
+        // Warp r writes row e + r: lane l's pair is row 2·(l % 16) of group l / 16.
+        if (warp < (two ? 2 : 1)) {
+            float(*p)[2][32] = part[warp];
+            int s = lane >> 4, m = 2 * (lane & 15);
+            float g = (p[s][0][m] + p[s][1][m]) + bf16f(bias[2 * j]);
+            float up = (p[s][0][m + 1] + p[s][1][m + 1]) + bf16f(bias[2 * j + 1]);
+            a[(size_t)(e + warp) * inter + j] = clamped_swiglu(g, up, limit);
+        }
+        __syncthreads();  // part is read before the next row writes it
+    }
+}
+
+template <int R>
+__device__ void expert_down_biased(const u64* slots, const int* row_off, const float* a, float* y, int width,
+                                   int inter, Parts parts) {
+    extern __shared__ uint4 dyn[];
+    __shared__ float part[R][2][2][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pair = warp >> 1, half = warp & 1;
+    int r0 = blockIdx.x * 64 + 32 * pair;
+    bool live = r0 < width;
+    int u = blockIdx.y;
+    int nb = inter / 32, b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
+    const u8* rec = (const u8*)slots[u];
+    const u16* bias = (const u16*)(rec + parts.off[5]);
+    for (int e = row_off[u]; e < row_off[u + 1]; e += R) {
+        bool two = R > 1 && e + 1 < row_off[u + 1];
+        stage_mx_x<R>((float*)dyn, a + (size_t)e * inter, two ? a + (size_t)(e + 1) * inter : nullptr, inter);
+        if (live)
+            rows32_mx<R>(rec + parts.off[3], rec + parts.off[4], inter, r0, b0, b1, (const float*)dyn, two,
+                         part[0][pair][half], part[R - 1][pair][half]);
+        __syncthreads();
+        if (live && half == 0) {
+            float b = bf16f(bias[r0 + lane]);
+            y[(size_t)e * width + r0 + lane] = (part[0][pair][0][lane] + part[0][pair][1][lane]) + b;
+            if (two)
+                y[(size_t)(e + 1) * width + r0 + lane] = (part[R - 1][pair][0][lane] + part[R - 1][pair][1][lane]) + b;
         }
     }
 }
 
-extern "C" __global__ void expert_up_fp8(EXPERT_UP_ARGS) {
+#define EXPERT_UP_BIASED_ARGS                                                                                 \
+    const u64 *slots, const int *row_off, const int *rows, const float *z, float *a, int width, int inter, \
+        float limit, Parts parts
+extern "C" __global__ void expert_up_mxb(EXPERT_UP_BIASED_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_up_quant<0>(slots, row_off, rows, z, a, width, inter, act, parts);
+    expert_up_biased<1>(slots, row_off, rows, z, a, width, inter, limit, parts);
 }
-extern "C" __global__ void expert_up_int4(EXPERT_UP_ARGS) {
+extern "C" __global__ void expert_up_mxb2(EXPERT_UP_BIASED_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_up_quant<1>(slots, row_off, rows, z, a, width, inter, act, parts);
+    expert_up_biased<2>(slots, row_off, rows, z, a, width, inter, limit, parts);
 }
-extern "C" __global__ void expert_down_fp8(EXPERT_DOWN_ARGS) {
+extern "C" __global__ void expert_down_mxb(EXPERT_DOWN_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_down_quant<0>(slots, row_off, a, y, width, inter, parts);
+    expert_down_biased<1>(slots, row_off, a, y, width, inter, parts);
 }
-extern "C" __global__ void expert_down_int4(EXPERT_DOWN_ARGS) {
+extern "C" __global__ void expert_down_mxb2(EXPERT_DOWN_ARGS) {
     pdl_launch_next();
     pdl_wait();
-    expert_down_quant<1>(slots, row_off, a, y, width, inter, parts);
+    expert_down_biased<2>(slots, row_off, a, y, width, inter, parts);
 }

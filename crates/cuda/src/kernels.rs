@@ -47,7 +47,9 @@ impl Act {
             deltafin_models::ops::Act::Situ => Act::Situ,
             deltafin_models::ops::Act::SiluGlu => Act::Silu,
             deltafin_models::ops::Act::ClampedSwiglu { .. } => {
-                unreachable!("CudaModel::load refuses gpt-oss before building its layers")
+                unreachable!(
+                    "only routed experts clamp (describe::moe), and their kernels take the limit"
+                )
             }
         }
     }
@@ -67,6 +69,10 @@ pub(crate) enum ExpertVariant {
     Fp8,
     /// INT4, group 32 (Kimi K2).
     Int4,
+    /// MXFP4 with biases (gpt-oss), one row a pass.
+    Mxb,
+    /// MXFP4 with biases, two rows a pass.
+    Mxb2,
 }
 
 impl ExpertVariant {
@@ -77,6 +83,8 @@ impl ExpertVariant {
             ExpertVariant::Bf16 => "expert_up_bf16",
             ExpertVariant::Fp8 => "expert_up_fp8",
             ExpertVariant::Int4 => "expert_up_int4",
+            ExpertVariant::Mxb => "expert_up_mxb",
+            ExpertVariant::Mxb2 => "expert_up_mxb2",
         }
     }
 
@@ -87,14 +95,18 @@ impl ExpertVariant {
             ExpertVariant::Bf16 => "expert_down_bf16",
             ExpertVariant::Fp8 => "expert_down_fp8",
             ExpertVariant::Int4 => "expert_down_int4",
+            ExpertVariant::Mxb => "expert_down_mxb",
+            ExpertVariant::Mxb2 => "expert_down_mxb2",
         }
     }
 
-    /// The activation of the model whose experts are so encoded (MXFP4: K3).
-    pub(crate) fn act(self) -> Act {
+    /// The activation of the model whose experts are so encoded (MXFP4: K3); none for gpt-oss's, whose kernels
+    /// (`ExpertUpBiased`) take the clamp's limit.
+    pub(crate) fn act(self) -> Option<Act> {
         match self {
-            ExpertVariant::Mx | ExpertVariant::Mx2 => Act::Situ,
-            ExpertVariant::Bf16 | ExpertVariant::Fp8 | ExpertVariant::Int4 => Act::Silu,
+            ExpertVariant::Mx | ExpertVariant::Mx2 => Some(Act::Situ),
+            ExpertVariant::Bf16 | ExpertVariant::Fp8 | ExpertVariant::Int4 => Some(Act::Silu),
+            ExpertVariant::Mxb | ExpertVariant::Mxb2 => None,
         }
     }
 }
@@ -382,7 +394,15 @@ impl ExpertUp {
 
 kernel! {
     /// Each expert's down projection of its entries' activations `a` into rows of y.
-    ExpertDown = ["expert_down_mx", "expert_down_mx2", "expert_down_bf16", "expert_down_fp8", "expert_down_int4"] {
+    ExpertDown = [
+        "expert_down_mx",
+        "expert_down_mx2",
+        "expert_down_bf16",
+        "expert_down_fp8",
+        "expert_down_int4",
+        "expert_down_mxb",
+        "expert_down_mxb2"
+    ] {
         slots: DevPtr<u64>,
         row_off: DevPtr<i32>,
         a: DevPtr<f32>,
@@ -480,6 +500,120 @@ impl MoeRoute {
     pub(crate) fn go(self, gpu: &Gpu, n: usize) -> Result<()> {
         let smem = (4 * (3 * self.e + self.topk)) as u32;
         launch(gpu, "moe_route", (n as u32, 1), 128, smem, self).go()
+    }
+}
+
+// ==== gpt-oss (kernels.cu's last section) ====
+
+kernel! {
+    /// Each row's q, k, v plus biases, q and k rotated (rotate-half) at the row's position; k and v appended to
+    /// the session's caches there. q is rotated in place.
+    GqaAppend = ["gqa_append"] {
+        q: DevPtr<f32>,
+        k: DevPtr<f32>,
+        v: DevPtr<f32>,
+        bq: DevPtr<f32>,
+        bk: DevPtr<f32>,
+        bv: DevPtr<f32>,
+        inv_freq: DevPtr<f32>,
+        /// YaRN's attention factor on cos and sin.
+        attn: f64,
+        kc: DevPtr<f32>,
+        vc: DevPtr<f32>,
+        pos: DevPtr<u32>,
+        n: usize,
+        heads: usize,
+        kv_heads: usize,
+        dim: usize,
+    } grid (n as u32, 1), block 128, smem 0
+}
+
+/// The threads of a `gqa_attend` block (kernels.cu GQA_THREADS): the largest head it computes.
+pub(crate) const GQA_THREADS: usize = 128;
+
+kernel! {
+    /// Grouped-query attention with sinks over the caches, one block a (row, query head); `window` 0: every
+    /// position, else the last `window`.
+    GqaAttend = ["gqa_attend"] {
+        q: DevPtr<f32>,
+        kc: DevPtr<f32>,
+        vc: DevPtr<f32>,
+        sinks: DevPtr<f32>,
+        p_all: DevPtr<f32>,
+        ctx_cap: usize,
+        out: DevPtr<f32>,
+        n: usize,
+        heads: usize,
+        kv_heads: usize,
+        dim: usize,
+        window: usize,
+        pos: DevPtr<u32>,
+        scale: f32,
+    } grid ((n * heads) as u32, 1), block GQA_THREADS as u32, smem 0
+}
+
+kernel! {
+    /// `n` rows of the bias `b`, as a matmul's `add`.
+    BiasRows = ["bias_rows"] {
+        b: DevPtr<f32>,
+        out: DevPtr<f32>,
+        n: usize,
+        len: usize,
+    } grid (n as u32, 1), block 256, smem 0
+}
+
+kernel! {
+    /// y += x over `len` floats.
+    AddRows = ["add_rows"] {
+        y: DevPtr<f32>,
+        x: DevPtr<f32>,
+        len: usize,
+    } grid (len.div_ceil(256) as u32, 1), block 256, smem 0
+}
+
+kernel! {
+    /// gpt-oss's router per row: the top k of logit + bias, softmaxed among themselves; with `table` not null
+    /// each choice's record pointer into `slots`.
+    MoeRouteSoftmax = ["moe_route_softmax"] {
+        logits: DevPtr<f32>,
+        bias: DevPtr<f32>,
+        e: usize,
+        topk: usize,
+        ids: DevPtr<i32>,
+        wts: DevPtr<f32>,
+        table: DevPtr<u64>,
+        slots: DevPtr<u64>,
+    }
+}
+
+impl MoeRouteSoftmax {
+    /// A block a row (`n` rows); shared memory: three values per expert, the selection and its weights.
+    pub(crate) fn go(self, gpu: &Gpu, n: usize) -> Result<()> {
+        let smem = (4 * (3 * self.e + 2 * self.topk)) as u32;
+        launch(gpu, "moe_route_softmax", (n as u32, 1), 128, smem, self).go()
+    }
+}
+
+kernel! {
+    /// gpt-oss's experts' gate_up projection (interleaved rows, biases) and clamped SwiGLU for their rows, as
+    /// `ExpertUp`; `parts`: gate_up's blocks, scales, bias, then down's.
+    ExpertUpBiased = ["expert_up_mxb", "expert_up_mxb2"] {
+        slots: DevPtr<u64>,
+        row_off: DevPtr<i32>,
+        rows: DevPtr<i32>,
+        z: DevPtr<f32>,
+        a: DevPtr<f32>,
+        width: usize,
+        inter: usize,
+        limit: f32,
+        parts: [u64; 6],
+    }
+}
+
+impl ExpertUpBiased {
+    /// A block on 64 gate_up rows (32 intermediate outputs).
+    pub(crate) fn go(self, gpu: &Gpu, run: ExpertRun, smem: usize) -> Result<()> {
+        run.launch(gpu, run.variant.up(), 2 * self.inter, smem, self)
     }
 }
 
@@ -585,6 +719,12 @@ mod tests {
             wrapper::<MoeGroup>(),
             wrapper::<MoeRoute>(),
             wrapper::<DecodePick>(),
+            wrapper::<GqaAppend>(),
+            wrapper::<GqaAttend>(),
+            wrapper::<BiasRows>(),
+            wrapper::<AddRows>(),
+            wrapper::<MoeRouteSoftmax>(),
+            wrapper::<ExpertUpBiased>(),
             wrapper::<TimelineMark>(),
         ];
         let mut wrapped = Vec::new();

@@ -38,6 +38,15 @@ impl<T: Elem> Param for DevPtr<T> {
     }
 }
 
+/// Passed as its 8 bytes, as the kernel's `double` parameter holds them.
+impl Param for f64 {
+    #[cfg(test)]
+    const C: &'static str = "double";
+    fn pass(self, l: Launch<'_>) -> Launch<'_> {
+        l.p(self.to_bits())
+    }
+}
+
 /// Sizes and counts, passed as C `int` (checked to fit).
 impl Param for usize {
     #[cfg(test)]

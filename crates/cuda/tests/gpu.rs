@@ -29,12 +29,14 @@ fn tiny(arch: Arch, dir: &Path) -> CudaModel {
 #[test]
 #[ignore = "needs an NVIDIA GPU: tools/cuda/verify.sh runs it there"]
 fn steps_run_ahead_compute_exactly_what_plain_passes_do() {
-    // DeepSeek-V3 (FP8) and Kimi K2 (INT4 experts): RoPE at positions read on the device, the grouped router.
+    // DeepSeek-V3 (FP8) and Kimi K2 (INT4 experts): RoPE at positions read on the device, the grouped router;
+    // gpt-oss: the KV cache, sinks and the sliding window.
     for arch in [
         Arch::KimiK3,
         Arch::KimiLinear,
         Arch::DeepseekV3,
         Arch::KimiK2,
+        Arch::GptOss,
     ] {
         let dir = tempfile::tempdir().unwrap();
         make_model(arch, Preset::Tiny, 0, dir.path()).unwrap();
@@ -48,7 +50,8 @@ fn steps_run_ahead_compute_exactly_what_plain_passes_do() {
             .forward(&mut s, &prompt, LogitRows::Last, &stats)
             .unwrap();
         let (mut fed, mut rows) = (prompt.to_vec(), vec![first]);
-        // 70 steps: the MLA caches outgrow their first 64 positions on the way.
+        // 70 steps: the MLA and GQA caches outgrow their first 64 positions on the way (gpt-oss tiny's sliding
+        // layers see 6).
         for i in 0..70 {
             let choice = argmax(rows.last().unwrap());
             let token = if i % 5 == 4 {
@@ -108,7 +111,7 @@ fn steps_run_ahead_compute_exactly_what_plain_passes_do() {
 #[test]
 #[ignore = "needs an NVIDIA GPU: tools/cuda/verify.sh runs it there"]
 fn a_rollback_continues_as_a_shorter_pass_does() {
-    for arch in [Arch::KimiK3, Arch::KimiLinear] {
+    for arch in [Arch::KimiK3, Arch::KimiLinear, Arch::GptOss] {
         let dir = tempfile::tempdir().unwrap();
         let model = tiny(arch, dir.path());
         let (stats, v) = (Stats::default(), model.config().vocab_size);

@@ -74,13 +74,13 @@ impl Rotary {
         }
     }
 
-    /// The frequency of each pair.
+    /// One frequency per pair, in float32 (a device rotating as [`Rotary::rotate`] does reads them).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }
 
     /// YaRN's attention factor on cos and sin (1 without YaRN).
-    pub fn attn(&self) -> f64 {
+    pub fn attn_factor(&self) -> f64 {
         self.attn
     }
 

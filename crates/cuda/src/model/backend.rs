@@ -62,6 +62,14 @@ impl Backend for CudaModel {
                         cap,
                     })
                 }
+                Attn::Gqa(g) => {
+                    let cap = 64;
+                    Ok(State::Gqa {
+                        k: self.zeros(cap * g.kv_width())?,
+                        v: self.zeros(cap * g.kv_width())?,
+                        cap,
+                    })
+                }
             })
             .collect::<Result<_>>()?;
         Ok(CudaSession {
@@ -194,7 +202,7 @@ impl Backend for CudaModel {
         self.step(pass.session, token, ahead, stats)
     }
 
-    /// Every state buffer copied whole on the device (the MLA caches with their spare capacity). The copies have
+    /// Every state buffer copied whole on the device (the MLA and GQA caches with their spare capacity). The copies have
     /// landed when it returns, so the original may be dropped (freed) or run on at once.
     fn fork(&self, session: &CudaSession) -> Result<CudaSession> {
         let copy = |b: &DevBuf| -> Result<DevBuf> {
@@ -214,6 +222,11 @@ impl Backend for CudaModel {
                     State::Mla { lat, pe, cap } => State::Mla {
                         lat: copy(lat)?,
                         pe: copy(pe)?,
+                        cap: *cap,
+                    },
+                    State::Gqa { k, v, cap } => State::Gqa {
+                        k: copy(k)?,
+                        v: copy(v)?,
                         cap: *cap,
                     },
                 })
@@ -258,6 +271,7 @@ impl Backend for CudaModel {
             .map(|st| match st {
                 State::Kda { conv, s } => conv.bytes + s.bytes,
                 State::Mla { lat, pe, .. } => lat.bytes + pe.bytes,
+                State::Gqa { k, v, .. } => k.bytes + v.bytes,
             })
             .sum::<usize>()
             + session.keep.bytes()

@@ -7,6 +7,7 @@ use crate::gpu::{DevBuf, Gpu, Pinned};
 use anyhow::Result;
 use cudarc::driver::{sys, CudaEvent};
 use deltafin_formats::config::ModelConfig;
+use deltafin_models::ops::Act;
 use deltafin_store::record::ExpertRecord;
 use deltafin_store::ExpertStore;
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,8 @@ pub struct CudaModel {
     pub(super) streamed: Option<Streamed>,
     pub(super) store: Arc<ExpertStore>,
     pub(super) layout: Arc<ExpertRecord>,
+    /// The routed experts' activation (the description's; gpt-oss's kernels take its clamp).
+    pub(super) expert_act: Act,
     pub(super) cache: Mutex<ExpertCache>,
     pub(super) arena: Mutex<Arena>,
     pub(super) spine_bytes: u64,
@@ -124,11 +127,16 @@ impl CudaModel {
         self.gpu.upload(&vec![0.0f32; n.max(1)])
     }
 
-    /// Sizes the pass's scratch and upload area for `n` rows of sessions whose MLA caches hold `cap` positions.
+    /// Sizes the pass's scratch and upload area for `n` rows of sessions whose MLA or GQA caches hold `cap`
+    /// positions.
     pub(super) fn size_arena(&self, arena: &mut Arena, n: usize, cap: usize) -> Result<()> {
         let c = &self.cfg;
         let (hd, w) = (c.hidden, c.kda.heads * c.kda.head_dim);
         let m = &c.mla;
+        // GQA: q, k, v, the heads' outputs, the scores, o_proj's bias rows.
+        let gqa = c.gqa.as_ref().map_or(0, |g| {
+            g.heads * (2 * g.head_dim + cap) + 2 * g.kv_heads * g.head_dim + hd
+        });
         let anchors = c.attn_res_block.map_or(0, |b| c.num_layers.div_ceil(b)) + 1;
         let lay = &self.layout;
         let per_row = 4
@@ -141,6 +149,7 @@ impl CudaModel {
                 + m.kv_lora_rank
                 + m.qk_rope_head_dim
                 + m.heads * cap
+                + gqa
                 + c.moe.num_experts
                 + 2 * lay.width
                 + c.moe.top_k * (lay.inter + lay.width + 8)

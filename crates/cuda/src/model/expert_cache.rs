@@ -2,7 +2,7 @@
 //! path's tables.
 
 use crate::gpu::{DevBuf, Pinned};
-use crate::kernels::{Act, ExpertVariant};
+use crate::kernels::ExpertVariant;
 use crate::plan::{Ring, SlotCache};
 use cudarc::driver::CudaEvent;
 use deltafin_store::record::{Encoding, ExpertRecord, Role};
@@ -13,13 +13,17 @@ pub(super) trait ExpertKernels {
     fn mxfp4(&self) -> bool;
     /// The record's tensor offsets as the kernels take them (BF16 fills the first three).
     fn offsets(&self) -> [u64; 6];
+    /// The MXFP4 tensors as `mx_repack` takes them: weights and scales of w1, w2, w3, each `inter` or `width`
+    /// rows. gpt-oss's gate_up (2 · inter rows) is repacked as two of them, its halves (the repack moves rows
+    /// only within a 32-row group, so the interleaving stays).
+    fn repack_parts(&self) -> [u64; 6];
     /// The expert kernels of this encoding that take `rows` x rows a pass over the weights (see
     /// `rows_per_pass`).
     fn variant(&self, rows: usize) -> ExpertVariant;
-    /// Their names (up, down) and the activation they apply.
-    fn kernels(&self, rows: usize) -> (&'static str, &'static str, Act) {
+    /// Their names (up, down).
+    fn kernels(&self, rows: usize) -> (&'static str, &'static str) {
         let v = self.variant(rows);
-        (v.up(), v.down(), v.act())
+        (v.up(), v.down())
     }
     /// The x rows the expert kernels take a pass over an expert's weights when it has several: MXFP4 two (in the
     /// free columns of the same tensor-core MMAs), BF16 one.
@@ -36,16 +40,22 @@ pub(super) trait ExpertKernels {
 
 impl ExpertKernels for ExpertRecord {
     fn mxfp4(&self) -> bool {
-        self.encoding == Encoding::Mxfp4
+        matches!(self.encoding, Encoding::Mxfp4 | Encoding::Mxfp4Biased)
     }
 
     fn offsets(&self) -> [u64; 6] {
-        // The kernels' order: w1, w2, w3 (MXFP4, FP8, INT4: weights then scales of each).
-        let scaled = matches!(
-            self.encoding,
-            Encoding::Mxfp4 | Encoding::Fp8Block | Encoding::Int4Group
-        );
-        let tensors: &[(Role, usize)] = if scaled {
+        // The kernels' order: w1, w2, w3 (MXFP4, FP8, INT4: weights then scales of each); gpt-oss: gate_up's
+        // blocks, scales and bias, then down's.
+        let tensors: &[(Role, usize)] = if self.encoding == Encoding::Mxfp4Biased {
+            &[
+                (Role::GateUp, 0),
+                (Role::GateUp, 1),
+                (Role::GateUp, Encoding::BIAS),
+                (Role::Down, 0),
+                (Role::Down, 1),
+                (Role::Down, Encoding::BIAS),
+            ]
+        } else if self.encoding != Encoding::Bf16 {
             &[
                 (Role::Gate, 0),
                 (Role::Gate, 1),
@@ -64,14 +74,25 @@ impl ExpertKernels for ExpertRecord {
         at
     }
 
+    fn repack_parts(&self) -> [u64; 6] {
+        if self.encoding != Encoding::Mxfp4Biased {
+            return self.offsets();
+        }
+        let [gw, gs, _, dw, ds, _] = self.offsets();
+        // The second half of gate_up: inter rows on, of width / 2 bytes of weights and width / 32 scales each.
+        let (w, i) = (self.width as u64, self.inter as u64);
+        [gw, gs, dw, ds, gw + i * w / 2, gs + i * w / 32]
+    }
+
     fn variant(&self, rows: usize) -> ExpertVariant {
         match (self.encoding, rows) {
             (Encoding::Mxfp4, 1) => ExpertVariant::Mx,
             (Encoding::Mxfp4, _) => ExpertVariant::Mx2,
+            (Encoding::Mxfp4Biased, 1) => ExpertVariant::Mxb,
+            (Encoding::Mxfp4Biased, _) => ExpertVariant::Mxb2,
             (Encoding::Fp8Block, _) => ExpertVariant::Fp8,
             (Encoding::Int4Group, _) => ExpertVariant::Int4,
-            // gpt-oss (biased MXFP4) is refused before its experts are read.
-            (Encoding::Bf16 | Encoding::Mxfp4Biased, _) => ExpertVariant::Bf16,
+            (Encoding::Bf16, _) => ExpertVariant::Bf16,
         }
     }
 
@@ -85,10 +106,10 @@ impl ExpertKernels for ExpertRecord {
 
     fn expert_smem(&self, len: usize, rows: usize) -> usize {
         match self.encoding {
-            Encoding::Mxfp4 => rows * (4 * 256 + 6 * len),
+            Encoding::Mxfp4 | Encoding::Mxfp4Biased => rows * (4 * 256 + 6 * len),
             // The FP8 and INT4 kernels stage only the x row.
             Encoding::Fp8Block | Encoding::Int4Group => 4 * len,
-            Encoding::Bf16 | Encoding::Mxfp4Biased => 4 * 2 * 32 * 9 * 16 + 4 * len,
+            Encoding::Bf16 => 4 * 2 * 32 * 9 * 16 + 4 * len,
         }
     }
 
@@ -153,4 +174,51 @@ pub(super) struct Direct {
     pub(super) table: DevBuf,
     pub(super) seq: DevBuf,
     pub(super) row0: DevBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_formats::config::ModelConfig;
+    use std::path::Path;
+
+    /// gpt-oss's records (the released fixture's shape): the biased kernels read gate_up's and down's blocks,
+    /// scales and biases where the record keeps them, two rows a pass; mx_repack sees gate_up as two tensors of
+    /// `inter` rows, back to back, and down whole.
+    #[test]
+    fn gpt_oss_records_are_read_and_repacked_where_the_record_keeps_them() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gpt_oss_tiny_mxfp4");
+        let lay = ExpertRecord::new(&ModelConfig::from_dir(&fixture).unwrap()).unwrap();
+        let at = |role, k| lay.tensor(role, k).0 as u64;
+        let (gu, d) = (Role::GateUp, Role::Down);
+        assert_eq!(
+            lay.offsets(),
+            [
+                at(gu, 0),
+                at(gu, 1),
+                at(gu, 2),
+                at(d, 0),
+                at(d, 1),
+                at(d, 2)
+            ]
+        );
+        let (w, i) = (lay.width as u64, lay.inter as u64);
+        let r = lay.repack_parts();
+        assert_eq!(
+            [r[0], r[1], r[2], r[3]],
+            [at(gu, 0), at(gu, 1), at(d, 0), at(d, 1)]
+        );
+        // The second halves start after `inter` rows and end where the next tensor begins.
+        assert_eq!([r[4], r[5]], [r[0] + i * w / 2, r[1] + i * w / 32]);
+        assert_eq!(
+            [r[4] + i * w / 2, r[5] + i * w / 32],
+            [at(gu, 1), at(gu, 2)]
+        );
+        assert!(lay.mxfp4());
+        assert_eq!(lay.rows_per_pass(), 2);
+        assert_eq!(lay.kernels(1), ("expert_up_mxb", "expert_down_mxb"));
+        assert_eq!(lay.kernels(2), ("expert_up_mxb2", "expert_down_mxb2"));
+        assert_eq!(lay.variant(2).act(), None);
+    }
 }

@@ -7,10 +7,15 @@ use super::session::Arena;
 use super::spine::Moe;
 use crate::devptr::DevPtr;
 use crate::gpu::{par_copy, Doing};
-use crate::kernels::{ExpertDown, ExpertRun, ExpertUp, MoeCombine, MoeGroup, MoeRoute, MxRepack};
+use crate::kernels::{
+    AddRows, ExpertDown, ExpertRun, ExpertUp, ExpertUpBiased, MoeCombine, MoeGroup, MoeRoute,
+    MoeRouteSoftmax, MxRepack,
+};
 use crate::plan::plan_waves;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use cudarc::driver::{result as cu, CudaEvent};
+use deltafin_models::describe::Scoring;
+use deltafin_models::ops;
 use deltafin_models::Stats;
 use deltafin_store::RecordRef;
 use std::sync::atomic::Ordering;
@@ -35,8 +40,8 @@ impl CudaModel {
         // K3: the shared expert needs nothing of the routed ones until the last add, so it runs on the side
         // stream meanwhile, and the latent up-projection adds its output: h += routed + shared, the same sum as
         // the CPU's shared + routed (an addition of two values does not depend on their order).
-        let shared = match &m.latent {
-            Some(_) => {
+        let shared = match (&m.latent, &m.shared) {
+            (Some(_), Some(sh)) => {
                 self.gpu.record(&self.fork)?;
                 self.gpu
                     .side
@@ -47,13 +52,13 @@ impl CudaModel {
                     side: true,
                     ..Mm::default()
                 };
-                self.mlp(a, &m.shared, x, n, s, side)?;
+                self.mlp(a, sh, x, n, s, side)?;
                 self.join
                     .record(&self.gpu.side)
                     .doing("recording the shared experts' end")?;
                 Some(s)
             }
-            None => None,
+            _ => None,
         };
         // Router logits and the selection on the device, in both paths (the same weights, bit for bit).
         let (z, logits) = match (&m.latent, &m.xin) {
@@ -76,21 +81,34 @@ impl CudaModel {
             Some(_) if n == 1 => (table, a.take(8 * top_k)?),
             _ => (DevPtr::NULL, DevPtr::NULL),
         };
-        MoeRoute {
-            logits,
-            bias: m.bias.ptr(),
-            e: e_count,
-            topk: top_k,
-            renorm: mc.renormalize,
-            scale: mc.routed_scaling_factor,
-            ids,
-            wts,
-            table: route_table,
-            slots,
-            groups: mc.groups,
-            topk_group: mc.topk_group,
+        match m.scoring {
+            Scoring::SigmoidCorrected => MoeRoute {
+                logits,
+                bias: m.bias.ptr(),
+                e: e_count,
+                topk: top_k,
+                renorm: mc.renormalize,
+                scale: mc.routed_scaling_factor,
+                ids,
+                wts,
+                table: route_table,
+                slots,
+                groups: mc.groups,
+                topk_group: mc.topk_group,
+            }
+            .go(&self.gpu, n)?,
+            Scoring::SoftmaxTopK => MoeRouteSoftmax {
+                logits,
+                bias: m.bias.ptr(),
+                e: e_count,
+                topk: top_k,
+                ids,
+                wts,
+                table: route_table,
+                slots,
+            }
+            .go(&self.gpu, n)?,
         }
-        .go(&self.gpu, n)?;
         let (entry, y) = match direct {
             Some(d) if n == 1 => {
                 let act = a.f32s(top_k * lay.inter)?;
@@ -142,21 +160,23 @@ impl CudaModel {
             width: lay.width,
         }
         .go(&self.gpu)?;
-        match (&m.latent, shared) {
-            (Some((_, norm, up)), Some(s)) => {
-                self.gpu.wait(&self.join)?;
+        match (&m.latent, &m.shared) {
+            (Some((_, norm, up)), _) => {
+                if shared.is_some() {
+                    self.gpu.wait(&self.join)?;
+                }
                 let out = Mm {
                     norm: Some((norm.ptr(), self.cfg.rms_norm_eps)),
-                    add: s,
+                    add: shared.unwrap_or_default(),
                     accumulate: true,
                     ..Mm::default()
                 };
                 self.mm_into(up, acc, h, n, out)
             }
             // h += shared + routed, the sum as the CPU forms it (shared output, then the routed part added).
-            _ => self.mlp(
+            (None, Some(sh)) => self.mlp(
                 a,
-                &m.shared,
+                sh,
                 x,
                 n,
                 h,
@@ -166,6 +186,13 @@ impl CudaModel {
                     ..Mm::default()
                 },
             ),
+            // gpt-oss: h += routed.
+            (None, None) => AddRows {
+                y: h,
+                x: acc,
+                len: n * lay.width,
+            }
+            .go(&self.gpu),
         }
     }
 
@@ -327,7 +354,7 @@ impl CudaModel {
         // A block holds one 32-row group of a tensor (its size checked at load).
         MxRepack {
             rec: DevPtr::new(dst),
-            parts: lay.offsets(),
+            parts: lay.repack_parts(),
             width: lay.width,
             inter: lay.inter,
         }
@@ -476,20 +503,36 @@ impl CudaModel {
         let lay = &self.layout;
         let variant = lay.variant(per_pass);
         let run = ExpertRun { variant, count: g };
+        let up_smem = lay.expert_smem(lay.width, per_pass);
         // Four warps a block, each on 32 rows over half of their blocks: 64 intermediate rows (gate and up, two
-        // groups in turn) in expert_up, 64 output rows in expert_down.
-        ExpertUp {
-            slots,
-            row_off,
-            rows,
-            z,
-            a: act,
-            width: lay.width,
-            inter: lay.inter,
-            act: variant.act(),
-            parts: lay.offsets(),
+        // groups in turn) in expert_up (gpt-oss: 64 interleaved gate_up rows), 64 output rows in expert_down.
+        match (variant.act(), self.expert_act) {
+            (Some(kind), _) => ExpertUp {
+                slots,
+                row_off,
+                rows,
+                z,
+                a: act,
+                width: lay.width,
+                inter: lay.inter,
+                act: kind,
+                parts: lay.offsets(),
+            }
+            .go(&self.gpu, run, up_smem)?,
+            (None, ops::Act::ClampedSwiglu { limit }) => ExpertUpBiased {
+                slots,
+                row_off,
+                rows,
+                z,
+                a: act,
+                width: lay.width,
+                inter: lay.inter,
+                limit,
+                parts: lay.offsets(),
+            }
+            .go(&self.gpu, run, up_smem)?,
+            (None, other) => bail!("internal: biased MXFP4 experts with {other:?}"),
         }
-        .go(&self.gpu, run, lay.expert_smem(lay.width, per_pass))?;
         ExpertDown {
             slots,
             row_off,

@@ -450,15 +450,23 @@ impl CudaModel {
                 let o = self.mla(a, m, x, norm, n, (lat.typed(), pe.typed(), *cap), pos)?;
                 self.mm_into(&m.o, o, y, n, out)
             }
+            (Attn::Gqa(g), State::Gqa { k, v, cap }) => {
+                let o = self.gqa(a, g, x, norm, n, (k.typed(), v.typed(), *cap), pos)?;
+                self.gqa_out(a, g, o, y, n, out)
+            }
             _ => unreachable!("a session's states are made by the same model's layers"),
         }
     }
 
-    /// Grows `session`'s MLA caches (doubling, keeping what they hold) so that `n` more tokens fit. Before the
-    /// pass: its issue (and a graph's capture) cannot allocate or synchronise.
+    /// Grows `session`'s MLA and GQA caches (doubling, keeping what they hold) so that `n` more tokens fit.
+    /// Before the pass: its issue (and a graph's capture) cannot allocate or synchronise.
     pub(super) fn reserve(&self, session: &mut CudaSession, n: usize) -> Result<()> {
         let (pos, need) = (session.pos, session.pos + n);
         for (layer, st) in self.layers.iter().zip(&mut session.layers) {
+            if let (Attn::Gqa(g), State::Gqa { k, v, cap }) = (&layer.attn, &mut *st) {
+                self.grow_gqa(g, (k, v, cap), pos, need)?;
+                continue;
+            }
             let (Attn::Mla(m), State::Mla { lat, pe, cap }) = (&layer.attn, st) else {
                 continue;
             };

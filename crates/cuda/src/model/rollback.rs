@@ -1,5 +1,5 @@
 //! Rolling a session back to any row of its last checking pass: the KDA states from the pass's snapshots
-//! (`Keep`), the MLA caches cut at the position (an entry depends on its own row only). No weight is read and
+//! (`Keep`), the MLA and GQA caches cut at the position (an entry depends on its own row only). No weight is read and
 //! no row runs again.
 
 use super::cuda_model::CudaModel;
@@ -28,7 +28,7 @@ impl CudaModel {
                     let (s, conv) = state_len(k);
                     Some(self.gpu.alloc(4 * (n - 1) * (s + conv))?)
                 }
-                Attn::Mla(_) => None,
+                Attn::Mla(_) | Attn::Gqa(_) => None,
             });
         }
         keep.rows = n - 1;

@@ -102,19 +102,19 @@ pub(super) struct GraphKey {
 unsafe impl Send for DecodeGraph {}
 
 impl CudaSession {
-    /// Whether its MLA caches hold `n` more positions.
+    /// Whether its MLA and GQA caches hold `n` more positions.
     pub(super) fn holds(&self, n: usize) -> bool {
-        self.layers
-            .iter()
-            .all(|st| !matches!(st, State::Mla { cap, .. } if *cap < self.pos + n))
+        self.layers.iter().all(|st| {
+            !matches!(st, State::Mla { cap, .. } | State::Gqa { cap, .. } if *cap < self.pos + n)
+        })
     }
 
-    /// The positions its MLA caches hold (0 without MLA layers).
+    /// The positions its MLA and GQA caches hold (0 without such layers).
     pub(super) fn mla_cap(&self) -> usize {
         self.layers
             .iter()
             .map(|st| match st {
-                State::Mla { cap, .. } => *cap,
+                State::Mla { cap, .. } | State::Gqa { cap, .. } => *cap,
                 State::Kda { .. } => 0,
             })
             .max()
@@ -130,8 +130,21 @@ pub(super) fn header(batch: &[Pass<'_, CudaSession>]) -> Vec<u32> {
 }
 
 pub(super) enum State {
-    Kda { conv: DevBuf, s: DevBuf },
-    Mla { lat: DevBuf, pe: DevBuf, cap: usize },
+    Kda {
+        conv: DevBuf,
+        s: DevBuf,
+    },
+    Mla {
+        lat: DevBuf,
+        pe: DevBuf,
+        cap: usize,
+    },
+    /// Every position's rotated keys and values, sliding layers' too (as the CPU keeps them).
+    Gqa {
+        k: DevBuf,
+        v: DevBuf,
+        cap: usize,
+    },
 }
 
 /// Scratch device memory for one pass, handed out by bumping an offset (allocation would synchronise).

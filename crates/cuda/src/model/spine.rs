@@ -5,6 +5,7 @@ use crate::devptr::DevPtr;
 use crate::gpu::{DevBuf, Pinned};
 use crate::kernels::{Act, KdaKind};
 use cudarc::driver::CudaEvent;
+use deltafin_models::describe::Scoring;
 use std::sync::{Arc, OnceLock};
 
 /// Where a block of spine tensors (a layer, or the embeddings and head) lies in VRAM: its own allocation or a
@@ -121,9 +122,39 @@ pub(super) struct Mla {
     pub(super) scale: f32,
 }
 
+/// Grouped-query attention with learned sinks (gpt-oss; its forward: `gqa.rs`).
+pub(super) struct Gqa {
+    /// q, k, v: fused (`fuse`), in that order.
+    pub(super) xin: Lin,
+    pub(super) q: Lin,
+    pub(super) k: Lin,
+    pub(super) v: Lin,
+    /// q's, k's and v's biases.
+    pub(super) bias: [At; 3],
+    pub(super) o: Lin,
+    pub(super) o_bias: At,
+    pub(super) sinks: At,
+    /// The rotation's frequencies (`Rotary::inv_freq`) and its factor on cos and sin.
+    pub(super) inv_freq: At,
+    pub(super) attn: f64,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) dim: usize,
+    /// 0: every position; else the last `window` (the current one included).
+    pub(super) window: usize,
+}
+
+impl Gqa {
+    /// Floats of one position in each cache.
+    pub(super) fn kv_width(&self) -> usize {
+        self.kv_heads * self.dim
+    }
+}
+
 pub(super) enum Attn {
     Kda(Box<Kda>),
     Mla(Box<Mla>),
+    Gqa(Box<Gqa>),
 }
 
 pub(super) struct Mlp {
@@ -139,7 +170,9 @@ pub(super) struct Moe {
     pub(super) router: Lin,
     pub(super) bias: At,
     pub(super) latent: Option<(Lin, At, Lin)>,
-    pub(super) shared: Mlp,
+    /// gpt-oss has none.
+    pub(super) shared: Option<Mlp>,
+    pub(super) scoring: Scoring,
 }
 
 pub(super) enum Ffn {

@@ -4,14 +4,16 @@
 use super::cuda_model::{CudaModel, CudaOptions, Picks};
 use super::expert_cache::{CudaCounters, ExpertCache, ExpertKernels};
 use super::session::Arena;
-use super::spine::{At, Attn, Base, Ffn, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed};
+use super::spine::{
+    At, Attn, Base, Ffn, Gqa, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed,
+};
 use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Pinned};
-use crate::kernels::{kda_smem, Act, KdaKind};
+use crate::kernels::{kda_smem, Act, KdaKind, GQA_THREADS};
 use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::{Family, ModelConfig};
+use deltafin_formats::config::ModelConfig;
 use deltafin_kernels::FP8_BLOCK;
 use deltafin_models::describe::{self, Description, Mat, Vector};
 use deltafin_models::rope::{softmax_scale, Pairing, Rotary};
@@ -145,16 +147,6 @@ pub struct Source {
 impl Source {
     pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
         let cfg = ModelConfig::from_dir(dir)?;
-        let family = match cfg.family {
-            Family::GptOss => Some("gpt-oss"),
-            Family::KimiK3 | Family::KimiLinear | Family::DeepseekV3 => None,
-        };
-        if let Some(family) = family {
-            bail!(
-                "{}: {family} is not yet on CUDA; use --device cpu",
-                dir.display()
-            );
-        }
         let ck = Checkpoint::open(dir)?;
         let mut load = load.clone();
         // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
@@ -273,7 +265,7 @@ impl CudaModel {
         // rearranges one 32-row group of a tensor.
         let mut needs = Vec::new();
         for rows in [1, layout.rows_per_pass()] {
-            let (up, down, _) = layout.kernels(rows);
+            let (up, down) = layout.kernels(rows);
             needs.push((up, layout.expert_smem(layout.width, rows)));
             needs.push((down, layout.expert_smem(layout.inter, rows)));
         }
@@ -292,6 +284,14 @@ impl CudaModel {
             }
         }
         let desc = Description::of(&cfg)?;
+        let expert_act = desc
+            .layers
+            .iter()
+            .find_map(|d| match &d.ffn {
+                describe::FeedForward::Moe(m) => Some(m.act),
+                describe::FeedForward::Dense(_) => None,
+            })
+            .unwrap_or(deltafin_models::ops::Act::SiluGlu);
         let ld = Loader::new(&ck);
         // Each layer's tensors are laid out in a host image first: where it goes (VRAM of its own, or a
         // streaming buffer) depends on every layer's size.
@@ -353,13 +353,47 @@ impl CudaModel {
                             eps: m.latent_eps,
                             rotary: m.rotary.as_ref().map(|r| {
                                 let r = Rotary::new(r, m.rope, Pairing::Interleaved);
-                                (b.vector(r.inv_freq()), r.attn() as f32)
+                                (b.vector(r.inv_freq()), r.attn_factor() as f32)
                             }),
                             scale: softmax_scale(m.nope + m.rope, m.rotary.as_ref()),
                         }))
                     }
-                    describe::Attention::Gqa(_) => {
-                        bail!("grouped-query attention is not yet on CUDA; use --device cpu")
+                    describe::Attention::Gqa(g) => {
+                        if g.dim > GQA_THREADS || g.dim % 2 != 0 {
+                            bail!(
+                                "the CUDA attention kernel takes an even head_dim up to {GQA_THREADS} (got {}): run \
+                                 this model on the CPU",
+                                g.dim
+                            );
+                        }
+                        let (xin, parts) = b.fuse(vec![
+                            mat(&g.q.weight)?,
+                            mat(&g.k.weight)?,
+                            mat(&g.v.weight)?,
+                        ])?;
+                        let [q, k, v]: [Lin; 3] =
+                            parts.try_into().map_err(|_| anyhow!("three parts"))?;
+                        let rope = Rotary::new(&g.rope, g.dim, Pairing::Half);
+                        Attn::Gqa(Box::new(Gqa {
+                            xin,
+                            q,
+                            k,
+                            v,
+                            bias: [
+                                vecf(b, &g.q.bias)?,
+                                vecf(b, &g.k.bias)?,
+                                vecf(b, &g.v.bias)?,
+                            ],
+                            o: b.lin(mat(&g.o.weight)?)?,
+                            o_bias: vecf(b, &g.o.bias)?,
+                            sinks: vecf(b, &g.sinks)?,
+                            inv_freq: b.vector(rope.inv_freq()),
+                            attn: rope.attn_factor(),
+                            heads: g.heads,
+                            kv_heads: g.kv_heads,
+                            dim: g.dim,
+                            window: g.window.unwrap_or(0),
+                        }))
                     }
                     describe::Attention::Kda(k) => {
                         let (heads, dim, kern) = (k.heads, k.dim, k.kernel);
@@ -453,12 +487,8 @@ impl CudaModel {
                             router,
                             bias: vecf(b, &m.router.bias)?,
                             latent,
-                            shared: mlp(
-                                b,
-                                m.shared.as_ref().context(
-                                    "MoE without shared experts is not yet on CUDA; use --device cpu",
-                                )?,
-                            )?,
+                            shared: m.shared.as_ref().map(|s| mlp(b, s)).transpose()?,
+                            scoring: m.router.scoring,
                         }))
                     }
                 };
@@ -557,6 +587,7 @@ impl CudaModel {
             streamed,
             store,
             layout,
+            expert_act,
             cache: Mutex::new(cache),
             arena: Mutex::new(Arena {
                 buf: None,
