@@ -391,8 +391,19 @@ impl ExpertStore {
         (all, self.state.lock().unwrap().map.len())
     }
 
+    /// Every record of the model is in the cache with its reads finished (where the slab holds them all,
+    /// the background fill is done).
+    pub fn all_cached(&self) -> bool {
+        let st = self.state.lock().unwrap();
+        st.map.len() == self.layers.iter().map(Vec::len).sum::<usize>()
+            && st
+                .slots
+                .iter()
+                .all(|s| s.done.as_ref().is_none_or(|d| d.is_done()))
+    }
+
     /// The slab has a slot for every record of the model (the background fill's case).
-    fn holds_every_record(&self) -> bool {
+    pub fn holds_every_record(&self) -> bool {
         self.state.lock().unwrap().slots.len() >= self.layers.iter().map(Vec::len).sum()
     }
 
