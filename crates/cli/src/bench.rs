@@ -33,7 +33,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// The expert cache of the third configuration (default: what `deltafin run` would choose here, sized
-    /// from the memory this process may use).
+    /// from the memory this process may use). One that holds every record is filled in the background
+    /// first, and its steps are measured once it is full.
     #[arg(long)]
     budget: Option<String>,
     /// Sessions decoding together, one batched pass a step (tok/s counts every session's token).
