@@ -178,8 +178,8 @@ impl DataFile {
     }
 
     /// Fills `buf` from `offset`, stopping early only at end of file, and fails unless at least `need` bytes
-    /// arrived (an aligned direct read of a file's last record may extend past its end). A filesystem that
-    /// refuses a direct read (EINVAL) gets the same read buffered.
+    /// arrived (an aligned direct read of a file's last record may extend past its end). A direct read off the
+    /// block grid goes through an aligned scratch buffer; one the filesystem refuses (EINVAL) goes buffered.
     pub fn read_at_least(&self, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
         let fault = self
             .faults
@@ -188,11 +188,10 @@ impl DataFile {
         if let Some(Fault::Os(errno)) = fault {
             return Err(std::io::Error::from_raw_os_error(errno));
         }
-        let got = match fill(&self.file, buf, offset) {
-            Err(e) if self.mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                fill(&File::open(&self.path)?, buf, offset)?
-            }
-            r => r?,
+        let got = if self.needs_bounce(buf.as_ptr(), offset, buf.len()) {
+            self.read_bounced(buf, offset)?
+        } else {
+            self.read_in_place(buf, offset)?
         };
         let got = match fault {
             Some(Fault::Short(n)) => got.min(n),
@@ -205,6 +204,52 @@ impl DataFile {
             ));
         }
         Ok(())
+    }
+
+    /// Whether a read of `len` bytes at `offset` into `dst` must go through [`DataFile::read_bounced`]:
+    /// Linux's O_DIRECT refuses a file offset, address or length off the block grid (macOS's F_NOCACHE
+    /// takes any).
+    pub fn needs_bounce(&self, dst: *const u8, offset: u64, len: usize) -> bool {
+        let off_grid = |x: u64| !x.is_multiple_of(ALIGN as u64);
+        cfg!(target_os = "linux")
+            && self.mode == IoMode::Direct
+            && (off_grid(offset) || off_grid(dst as u64) || off_grid(len as u64))
+    }
+
+    /// Reads straight into `buf`; a filesystem that refuses a direct read (EINVAL) gets it buffered.
+    fn read_in_place(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        match fill(&self.file, buf, offset) {
+            Err(e) if self.mode == IoMode::Direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                fill(&File::open(&self.path)?, buf, offset)
+            }
+            r => r,
+        }
+    }
+
+    /// A direct read off the block grid (an extent of a record split over several tensors, gpt-oss's): the
+    /// whole pages around it are read into this thread's aligned scratch buffer and the wanted bytes copied
+    /// out. It still bypasses the page cache — falling back to buffered reads instead filled the cache with
+    /// every record read, and a benchmark's replay of them then measured the cache, not the drive.
+    fn read_bounced(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+        }
+        let (from, to) = (align_down(offset), align_up(offset + buf.len() as u64));
+        let span = (to - from) as usize;
+        let skip = (offset - from) as usize;
+        SCRATCH.with_borrow_mut(|scratch| {
+            if scratch.as_ref().is_none_or(|s| s.len() < span) {
+                *scratch = Some(AlignedBuf::new(span));
+            }
+            let pages = &mut scratch.as_mut().expect("allocated above").as_mut_slice()[..span];
+            populate(pages.as_ptr() as usize, span);
+            let got = self
+                .read_in_place(pages, from)?
+                .saturating_sub(skip)
+                .min(buf.len());
+            buf[..got].copy_from_slice(&pages[skip..skip + got]);
+            Ok(got)
+        })
     }
 }
 
@@ -619,8 +664,8 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
             };
             let Some((op, priority)) = next else { break };
             populate(op.dst as usize, op.len);
-            if op.file.faults.is_some() {
-                // Injected faults live on the positioned-read path.
+            if op.file.faults.is_some() || op.file.needs_bounce(op.dst, op.offset, op.len) {
+                // Injected faults live on the positioned-read path, and so do reads off the O_DIRECT grid.
                 let err = positioned_read(&op);
                 complete(&drive, &counters, &op, priority, err);
                 continue;

@@ -351,35 +351,14 @@ impl ExpertStore {
         for batch in keys.chunks(window) {
             let mut waits = Vec::new();
             for (i, &(l, e)) in batch.iter().enumerate() {
-                let rec = &self.layers[l][e];
-                let base = scratch.as_ptr().wrapping_add(i * self.slot_len);
-                let mut dst = 0;
-                for x in &rec.extents {
-                    let file = &self.files[x.file];
-                    let direct = file.mode == IoMode::Direct && rec.extents.len() == 1;
-                    let (a, b) = if direct {
-                        (align_down(x.offset), align_up(x.offset + x.len as u64))
-                    } else {
-                        (x.offset, x.offset + x.len as u64)
-                    };
-                    let end = x.offset + x.len as u64;
-                    let mut at = a;
-                    while at < b {
-                        let len = ((b - at) as usize).min(self.opts.chunk_bytes.max(ALIGN));
-                        let c = Completion::new(1, self.notify.clone());
-                        let op = ReadOp {
-                            file: file.clone(),
-                            offset: at,
-                            len,
-                            need: (end.min(at + len as u64) - at) as usize,
-                            dst: base.wrapping_add(dst + (at - a) as usize),
-                            done: c.clone(),
-                        };
-                        self.io.submit(op, Priority::Demand);
-                        waits.push(c);
-                        at += len as u64;
-                    }
-                    dst += (b - a) as usize;
+                let slot = scratch.as_ptr().wrapping_add(i * self.slot_len);
+                for read in self
+                    .plan_reads(&self.layers[l][e], self.opts.chunk_bytes.max(ALIGN))
+                    .1
+                {
+                    let c = Completion::new(1, self.notify.clone());
+                    self.io.submit(read.op(slot, &c), Priority::Demand);
+                    waits.push(c);
                 }
             }
             let (lock, cv) = &*self.notify;
@@ -412,8 +391,19 @@ impl ExpertStore {
         (all, self.state.lock().unwrap().map.len())
     }
 
+    /// Every record of the model is in the cache with its reads finished (where the slab holds them all,
+    /// the background fill is done).
+    pub fn all_cached(&self) -> bool {
+        let st = self.state.lock().unwrap();
+        st.map.len() == self.layers.iter().map(Vec::len).sum::<usize>()
+            && st
+                .slots
+                .iter()
+                .all(|s| s.done.as_ref().is_none_or(|d| d.is_done()))
+    }
+
     /// The slab has a slot for every record of the model (the background fill's case).
-    fn holds_every_record(&self) -> bool {
+    pub fn holds_every_record(&self) -> bool {
         self.state.lock().unwrap().slots.len() >= self.layers.iter().map(Vec::len).sum()
     }
 
@@ -597,46 +587,8 @@ impl ExpertStore {
             _ => self.opts.chunk_bytes,
         }
         .max(ALIGN);
-        let rec = &self.layers[key.0][key.1];
         let base = self.slab.as_ptr().wrapping_add(slot * self.slot_len);
-        let single =
-            rec.extents.len() == 1 && self.files[rec.extents[0].file].mode == IoMode::Direct;
-        // Direct reads cover whole pages around the record; buffered reads land the record at slot start.
-        // (file, offset, len, bytes that must arrive, destination offset in the slot)
-        type Op = (Arc<DataFile>, u64, usize, usize, usize);
-        let (start, ops): (usize, Vec<Op>) = if single {
-            let x = &rec.extents[0];
-            let end = x.offset + x.len as u64;
-            let (a, b) = (align_down(x.offset), align_up(end));
-            let mut ops = Vec::new();
-            let mut at = a;
-            while at < b {
-                let len = ((b - at) as usize).min(chunk);
-                let need = (end.min(at + len as u64) - at) as usize;
-                ops.push((self.files[x.file].clone(), at, len, need, (at - a) as usize));
-                at += len as u64;
-            }
-            ((x.offset - a) as usize, ops)
-        } else {
-            let mut ops = Vec::new();
-            let mut dst = 0;
-            for x in &rec.extents {
-                let mut at = 0;
-                while at < x.len {
-                    let len = (x.len - at).min(chunk);
-                    ops.push((
-                        self.files[x.file].clone(),
-                        x.offset + at as u64,
-                        len,
-                        len,
-                        dst + at,
-                    ));
-                    at += len;
-                }
-                dst += x.len;
-            }
-            (0, ops)
-        };
+        let (start, ops) = self.plan_reads(&self.layers[key.0][key.1], chunk);
         let done = Completion::new(ops.len() as u64, self.notify.clone());
         let s = &mut st.slots[slot];
         *s = Slot {
@@ -653,17 +605,77 @@ impl ExpertStore {
             // A speculative load is not a use: an unclaimed prefetch is the first thing LRU evicts.
             st.policy.touch(key);
         }
-        for (file, offset, len, need, dst) in ops {
-            let op = ReadOp {
-                file,
-                offset,
-                len,
-                need,
-                dst: base.wrapping_add(dst),
-                done: done.clone(),
-            };
-            self.io.submit(op, priority);
+        for read in ops {
+            self.io.submit(read.op(base, &done), priority);
         }
+    }
+
+    /// How `rec` is read into a slot of `slot_len` bytes: where its first byte lands in the slot, and the
+    /// reads, each at most `chunk` bytes. Direct reads need the file offset and the slot address to agree
+    /// modulo the page, and one record-wide shift (`start`) can make that so for the largest extent (others
+    /// only where their offsets happen to agree). An extent so aligned is read in place, whole pages where
+    /// they spill only into the slot's padding (always, for a one-extent record); any other bytes are read
+    /// off the grid, through a scratch page buffer ([`io::DataFile::needs_bounce`]). A buffered file reads
+    /// every extent as it is.
+    fn plan_reads(&self, rec: &RecordLoc, chunk: usize) -> (usize, Vec<PlannedRead>) {
+        let direct = |x: &Extent| self.files[x.file].mode == IoMode::Direct;
+        let mut at = 0;
+        let placed: Vec<(&Extent, usize)> = rec
+            .extents
+            .iter()
+            .map(|x| {
+                at += x.len;
+                (x, at - x.len)
+            })
+            .collect();
+        let start = placed
+            .iter()
+            .filter(|(x, _)| direct(x))
+            .max_by_key(|(x, _)| x.len)
+            .map_or(0, |(x, d)| (x.offset as usize).wrapping_sub(*d) % ALIGN);
+        let last = placed.len().saturating_sub(1);
+        let mut reads = Vec::new();
+        for (i, &(x, d)) in placed.iter().enumerate() {
+            let (file, end) = (&self.files[x.file], x.offset + x.len as u64);
+            let slot_at = (start + d) as u64;
+            let mut read = |from: u64, to: u64, need_to: u64| {
+                let mut at = from;
+                while at < to {
+                    let len = ((to - at) as usize).min(chunk);
+                    reads.push(PlannedRead {
+                        file: file.clone(),
+                        offset: at,
+                        len,
+                        need: (need_to.min(at + len as u64) - at) as usize,
+                        dst: (slot_at + at - x.offset) as usize,
+                    });
+                    at += len as u64;
+                }
+            };
+            if !direct(x) || (x.offset.wrapping_sub(slot_at)) % ALIGN as u64 != 0 {
+                read(x.offset, end, end);
+                continue;
+            }
+            // The pages around the extent: whole where they spill into padding, else trimmed to it.
+            let from = if i == 0 {
+                align_down(x.offset)
+            } else {
+                align_up(x.offset)
+            };
+            let to = if i == last {
+                align_up(end)
+            } else {
+                align_down(end)
+            };
+            if from >= to {
+                read(x.offset, end, end);
+                continue;
+            }
+            read(x.offset, from, from);
+            read(from, to, end);
+            read(to, end, end);
+        }
+        (start, reads)
     }
 
     fn record(&self, slot: usize, start: usize) -> &[u8] {
@@ -677,6 +689,28 @@ impl ExpertStore {
         let (lock, cv) = &*self.notify;
         let _g = lock.lock().unwrap();
         cv.notify_all();
+    }
+}
+
+/// One read of a record's plan ([`ExpertStore::plan_reads`]), its destination relative to the slot.
+struct PlannedRead {
+    file: Arc<DataFile>,
+    offset: u64,
+    len: usize,
+    need: usize,
+    dst: usize,
+}
+
+impl PlannedRead {
+    fn op(self, slot: *mut u8, done: &Arc<Completion>) -> ReadOp {
+        ReadOp {
+            file: self.file,
+            offset: self.offset,
+            len: self.len,
+            need: self.need,
+            dst: slot.wrapping_add(self.dst),
+            done: done.clone(),
+        }
     }
 }
 
