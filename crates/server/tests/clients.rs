@@ -122,7 +122,7 @@ fn the_official_openai_python_client_works_on_checkpoints_with_padding_rows() {
                 },
                 &["--template-chat"][..],
             ),
-            Arch::GptOss | Arch::DeepseekV3 | Arch::KimiK2 => {
+            Arch::GptOss | Arch::DeepseekV3 | Arch::KimiK2 | Arch::Qwen3Moe => {
                 unreachable!("{arch:?} takes no padding rows")
             }
         };

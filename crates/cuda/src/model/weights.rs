@@ -103,6 +103,7 @@ impl Source {
         let family = match cfg.family {
             Family::DeepseekV3 => Some("the DeepSeek-V3 / Kimi K2 family"),
             Family::GptOss => Some("gpt-oss"),
+            Family::Qwen3Moe => Some("Qwen3-MoE"),
             Family::KimiK3 | Family::KimiLinear => None,
         };
         if let Some(family) = family {
@@ -407,7 +408,12 @@ impl CudaModel {
                         Ffn::Moe(Box::new(Moe {
                             xin,
                             router,
-                            bias: vecf(b, &m.router.bias)?,
+                            bias: vecf(
+                                b,
+                                m.router.bias.as_ref().context(
+                                    "a router without a bias is not yet on CUDA; use --device cpu",
+                                )?,
+                            )?,
                             latent,
                             shared: mlp(
                                 b,

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Grouped-query attention with sinks, as gpt-oss has it in every layer.
+/// Grouped-query attention in every layer (gpt-oss, Qwen3-MoE); what differs between them is the family's.
 #[derive(Clone, Debug)]
 pub struct GqaConfig {
     pub heads: usize,
@@ -51,7 +51,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
         num_layers,
         vocab_size: bounded(root, "vocab_size", MAX_VOCAB)?,
         rms_norm_eps: f32_field(root, "rms_norm_eps")?,
-        first_k_dense: 0,
+        dense: vec![false; num_layers],
         dense_intermediate: 0,
         is_mla: vec![false; num_layers],
         kda: KdaConfig::default(),
@@ -80,6 +80,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
             window,
         }),
         swiglu_limit: Some(swiglu_limit),
+        tied_embeddings: false,
     };
     validate(&cfg)?;
     Ok(cfg)
