@@ -128,11 +128,7 @@ class RouterProbe:
             w = p / p.sum(-1, keepdim=True)
             # transformers takes this softmax in float32 whatever the model's dtype.
             hg.check(torch.allclose(w, scores.double(), rtol=1e-6, atol=0), f"layer {layer}: routing weights")
-            self.margins += (top.values[:, self.k - 1] - top.values[:, self.k]).tolist()
-            order = ours.sort(-1)
-            rows = self.routing.setdefault(str(layer), {"experts": [], "weights": []})
-            rows["experts"] += order.values.tolist()
-            rows["weights"] += [[float(x) for x in r] for r in w.gather(1, order.indices)]
+            hg.record_top_k(self.routing, self.margins, layer, top, self.k, w)
 
         return hook
 

@@ -22,18 +22,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
     expect_bool(root, "attention_bias", false)?;
     let num_layers = bounded(root, "num_hidden_layers", MAX_LAYERS)?;
     let hidden = dim_field(root, "hidden_size")?;
-    let heads = dim_field(root, "num_attention_heads")?;
-    let kv_heads = dim_field(root, "num_key_value_heads")?;
-    if kv_heads == 0 || heads == 0 || !heads.is_multiple_of(kv_heads) {
-        bail!("field `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})");
-    }
-    let head_dim = match opt_bounded(root, "head_dim", MAX_DIM)? {
-        Some(d) => d,
-        None => hidden / heads,
-    };
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        bail!("field `head_dim` is {head_dim}; rotate-half RoPE needs a positive even width");
-    }
+    let (heads, kv_heads, head_dim) = gpt_oss::gqa_heads(root, Some(hidden))?;
     // transformers: `sliding_window` applies (to every layer) only with `use_sliding_window`.
     let window = if opt_bool(root, "use_sliding_window")?.unwrap_or(false) {
         let w = bounded(root, "sliding_window", MAX_DIM << 4)?;
