@@ -185,11 +185,7 @@ class RouterProbe:
             hg.check(torch.equal(ours, indices), f"layer {layer}: routing re-derivation differs from transformers")
             w = torch.softmax(top.values[:, :self.k], dim=-1)
             hg.check(torch.allclose(w, scores.double(), rtol=1e-12, atol=0), f"layer {layer}: routing weights")
-            self.margins += (top.values[:, self.k - 1] - top.values[:, self.k]).tolist()
-            order = ours.sort(-1)
-            rows = self.routing.setdefault(str(layer), {"experts": [], "weights": []})
-            rows["experts"] += order.values.tolist()
-            rows["weights"] += [[float(x) for x in r] for r in w.gather(1, order.indices)]
+            hg.record_top_k(self.routing, self.margins, layer, top, self.k, w)
 
         return hook
 

@@ -111,6 +111,16 @@ def check_cached_vs_full(logits, full, prompt_len, generated, tol):
     return diff
 
 
+def record_top_k(routing, margins, layer, top, k, weights):
+    """Records one router call: the k-th vs (k+1)-th score margin of each row (`top`: its k + 1 best, sorted
+    descending) in margins, and per row the chosen experts ascending with their weights in routing[layer]."""
+    margins += (top.values[:, k - 1] - top.values[:, k]).tolist()
+    order = top.indices[:, :k].sort(-1)
+    rows = routing.setdefault(str(layer), {"experts": [], "weights": []})
+    rows["experts"] += order.values.tolist()
+    rows["weights"] += [[float(x) for x in r] for r in weights.gather(1, order.indices)]
+
+
 def write_checkpoint(tensors, out_dir, shards):
     """Write tensors into the named shards plus model.safetensors.index.json.
 

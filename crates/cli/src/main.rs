@@ -194,7 +194,7 @@ impl SamplingArgs {
 
 #[derive(Args)]
 struct MakeModelArgs {
-    /// Architecture: kimi_k3, kimi_linear, gpt_oss, deepseek_v3 or kimi_k2.
+    /// Architecture: kimi_k3, kimi_linear, gpt_oss, deepseek_v3, kimi_k2 or qwen3_moe.
     #[arg(long)]
     arch: Arch,
     /// Size: tiny (unit tests, a few MB), small (>= 64 experts per layer, a few hundred MB), bench (the

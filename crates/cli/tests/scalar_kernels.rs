@@ -16,11 +16,13 @@ fn scalar_and_simd_kernels_give_identical_logits() {
         .iter()
         .map(|(n, t)| (n.clone(), model_dir(t)))
         .collect();
-    // DeepSeek-V3 in BF16 and FP8, Kimi K2 with INT4 experts (tails of width 144, partial FP8 blocks).
+    // DeepSeek-V3 in BF16 and FP8, Kimi K2 with INT4 experts (tails of width 144, partial FP8 blocks),
+    // Qwen3-MoE (GQA with q/k norms, a dense layer).
     for f in [
         "deepseek_v3_tiny_bf16",
         "deepseek_v3_tiny_fp8",
         "kimi_k2_tiny_int4",
+        "qwen3_moe_tiny_bf16",
     ] {
         dirs.push((f.into(), repo_root().join("tests/fixtures").join(f)));
     }

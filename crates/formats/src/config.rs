@@ -10,6 +10,7 @@ use std::path::Path;
 
 mod deepseek;
 mod gpt_oss;
+mod qwen3_moe;
 mod rope;
 pub use gpt_oss::GqaConfig;
 pub use rope::{Rope, Yarn};
@@ -27,6 +28,9 @@ pub enum Family {
     /// DeepSeek-V3 and Kimi K2: plain residuals, MLA with q LoRA and interleaved YaRN RoPE, grouped
     /// noaux_tc router, SiLU experts; BF16, FP8 or INT4 (routed experts) weights.
     DeepseekV3,
+    /// Qwen3-MoE: GQA with per-head q/k RMSNorm and rotate-half RoPE, a softmax router over all experts,
+    /// BF16 SiLU experts, dense MLP layers where `mlp_only_layers` / `decoder_sparse_step` say.
+    Qwen3Moe,
 }
 
 /// How the linear weights are stored (`quantization_config`).
@@ -83,8 +87,8 @@ pub struct ModelConfig {
     pub num_layers: usize,
     pub vocab_size: usize,
     pub rms_norm_eps: f32,
-    /// Layers `< first_k_dense` use the dense MLP of width `dense_intermediate`.
-    pub first_k_dense: usize,
+    /// `dense[l]`: layer l has the dense MLP of width `dense_intermediate` instead of the MoE.
+    pub dense: Vec<bool>,
     pub dense_intermediate: usize,
     /// `true` where the layer is MLA, `false` where it is KDA (0-based), from the 1-based lists.
     pub is_mla: Vec<bool>,
@@ -98,10 +102,12 @@ pub struct ModelConfig {
     pub quant: Quant,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
-    /// gpt-oss's attention (every layer); `None` for the KDA/MLA families.
+    /// The GQA families' attention (every layer); `None` for the KDA/MLA families.
     pub gqa: Option<GqaConfig>,
     /// gpt-oss's clamped SwiGLU limit; `None` for the other families.
     pub swiglu_limit: Option<f32>,
+    /// `tie_word_embeddings`: the logits use the embedding table (no `lm_head.weight`).
+    pub tied_embeddings: bool,
 }
 
 impl ModelConfig {
@@ -129,15 +135,16 @@ impl ModelConfig {
             "kimi_linear" => parse_kimi_linear(root),
             "gpt_oss" => gpt_oss::parse(root),
             "deepseek_v3" | "kimi_k2" => deepseek::parse(root),
+            "qwen3_moe" => qwen3_moe::parse(root),
             other => bail!(
-                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\", \"gpt_oss\", \"deepseek_v3\" and \"kimi_k2\""
+                "field `model_type` is {other:?}; deltafin supports \"kimi_k3\", \"kimi_linear\", \"gpt_oss\", \"deepseek_v3\", \"kimi_k2\" and \"qwen3_moe\""
             ),
         }
     }
 
     /// Whether layer `l` (0-based) has the dense MLP rather than the MoE.
     pub fn is_dense(&self, l: usize) -> bool {
-        l < self.first_k_dense
+        self.dense[l]
     }
 
     /// Width of q/k/v in a KDA layer.
@@ -228,7 +235,10 @@ fn common(
         num_layers,
         vocab_size: bounded(text, "vocab_size", MAX_VOCAB)?,
         rms_norm_eps,
-        first_k_dense: opt_usize(text, "first_k_dense_replace")?.unwrap_or(1),
+        dense: first_k_dense(
+            opt_usize(text, "first_k_dense_replace")?.unwrap_or(1),
+            num_layers,
+        )?,
         dense_intermediate: dim_field(text, "intermediate_size")?,
         is_mla: layer_schedule(linear, num_layers)?,
         kda: KdaConfig {
@@ -263,7 +273,16 @@ fn common(
         eos_token_id: None,
         gqa: None,
         swiglu_limit: None,
+        tied_embeddings: false,
     })
+}
+
+/// The dense-layer schedule of `first_k_dense_replace`: layers below `k` dense, the rest MoE.
+fn first_k_dense(k: usize, num_layers: usize) -> Result<Vec<bool>> {
+    if k > num_layers {
+        bail!("field `first_k_dense_replace` ({k}) exceeds `num_hidden_layers` ({num_layers})");
+    }
+    Ok((0..num_layers).map(|l| l < k).collect())
 }
 
 /// Reads the layer kinds from the 1-based `kda_layers` / `full_attn_layers` lists (never from a formula).
@@ -307,13 +326,6 @@ fn validate(cfg: &ModelConfig) -> Result<()> {
             "field `num_experts_per_token` is {} but must be in 1..={} (`num_experts`)",
             m.top_k,
             m.num_experts
-        );
-    }
-    if cfg.first_k_dense > cfg.num_layers {
-        bail!(
-            "field `first_k_dense_replace` ({}) exceeds `num_hidden_layers` ({})",
-            cfg.first_k_dense,
-            cfg.num_layers
         );
     }
     if !cfg.rms_norm_eps.is_finite() || cfg.rms_norm_eps <= 0.0 {

@@ -9,6 +9,7 @@ mod deepseek;
 mod fill;
 mod gpt_oss;
 mod layout;
+mod qwen3_moe;
 
 use std::fmt;
 use std::path::Path;
@@ -32,6 +33,7 @@ pub enum Arch {
     GptOss,
     DeepseekV3,
     KimiK2,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -43,6 +45,7 @@ impl Arch {
             Arch::GptOss => "gpt_oss",
             Arch::DeepseekV3 => "deepseek_v3",
             Arch::KimiK2 => "kimi_k2",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
 }
@@ -56,8 +59,9 @@ impl FromStr for Arch {
             "gpt_oss" => Ok(Arch::GptOss),
             "deepseek_v3" => Ok(Arch::DeepseekV3),
             "kimi_k2" => Ok(Arch::KimiK2),
+            "qwen3_moe" => Ok(Arch::Qwen3Moe),
             _ => bail!(
-                "unknown architecture {s:?}: expected one of kimi_k3, kimi_linear, gpt_oss, deepseek_v3, kimi_k2"
+                "unknown architecture {s:?}: expected one of kimi_k3, kimi_linear, gpt_oss, deepseek_v3, kimi_k2, qwen3_moe"
             ),
         }
     }
@@ -485,8 +489,15 @@ pub fn make_padded_model(
         Arch::GptOss if padding_rows > 0 => {
             bail!("gpt_oss has the released vocabulary (201088); it takes no padding rows")
         }
-        Arch::DeepseekV3 | Arch::KimiK2 if padding_rows > 0 => {
-            bail!("deepseek_v3 and kimi_k2 take no padding rows")
+        Arch::DeepseekV3 | Arch::KimiK2 | Arch::Qwen3Moe if padding_rows > 0 => {
+            bail!("deepseek_v3, kimi_k2 and qwen3_moe take no padding rows (qwen3_moe's vocabulary has its own, as released)")
+        }
+        Arch::Qwen3Moe => {
+            let d = qwen3_moe::dims(preset)?;
+            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+            write_json(&out.join("config.json"), &qwen3_moe::config(&d))?;
+            qwen3_moe::write_tokenizer(&d, out).context("writing the tokenizer files")?;
+            return write_weights(qwen3_moe::layout(&d), preset, seed, out);
         }
         Arch::DeepseekV3 | Arch::KimiK2 => {
             return make_deepseek_model(arch, preset, seed, Quant::default_for(arch), out)

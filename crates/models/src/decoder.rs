@@ -1,6 +1,6 @@
 //! The CPU executor of a [`Description`]: the embedding, then per layer attention (KDA or MLA) and the
 //! feed-forward (dense or MoE) around the residual stream — K3's Block AttnRes (contract §4) or Kimi Linear's
-//! plain pre-norm residuals (§6) — and the tail into the untied lm_head.
+//! plain pre-norm residuals (§6) — and the tail into the lm_head.
 
 use crate::blocks::{Attention, FeedForward, ModelExperts};
 use crate::describe::{Description, Residual};

@@ -129,22 +129,25 @@ pub struct Mla {
     pub rotary: Option<Rope>,
 }
 
-/// A BF16 projection with its bias: `W x + b`.
+/// A BF16 projection, with its bias where the family has one: `W x (+ b)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Affine {
     pub weight: Mat,
-    pub bias: Vector,
+    pub bias: Option<Vector>,
 }
 
-/// Grouped-query attention with learned sinks and rotate-half RoPE (gpt-oss).
+/// Grouped-query attention with rotate-half RoPE: gpt-oss's (biases, learned sinks) or Qwen3's (per-head
+/// RMSNorm of q and k before the rotation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gqa {
     pub q: Affine,
     pub k: Affine,
     pub v: Affine,
     pub o: Affine,
-    /// One logit per query head that joins the softmax without a value.
-    pub sinks: Vector,
+    /// One logit per query head that joins the softmax without a value (gpt-oss).
+    pub sinks: Option<Vector>,
+    /// RMSNorm weights `[dim]` applied to each head of q and of k (Qwen3), and their eps.
+    pub head_norm: Option<HeadNorm>,
     pub heads: usize,
     pub kv_heads: usize,
     pub dim: usize,
@@ -152,6 +155,14 @@ pub struct Gqa {
     pub window: Option<usize>,
     /// Rotate-half rotation of q and k.
     pub rope: Rope,
+}
+
+/// Qwen3's `q_norm` / `k_norm`: one RMSNorm over `head_dim`, shared by all heads of q (of k).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeadNorm {
+    pub q: Vector,
+    pub k: Vector,
+    pub eps: f32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -177,12 +188,15 @@ pub enum Scoring {
     SigmoidCorrected,
     /// gpt-oss: the bias is the linear's (`x Wᵀ + b`); the top-k logits, softmaxed among themselves.
     SoftmaxTopK,
+    /// Qwen3-MoE: softmax over all experts, the top k probabilities, renormalised where configured.
+    Softmax,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Router {
     pub gate: Mat,
-    pub bias: Vector,
+    /// noaux_tc's correction bias or gpt-oss's linear bias; Qwen3's router has none.
+    pub bias: Option<Vector>,
     pub scoring: Scoring,
     pub top_k: usize,
     pub renormalize: bool,
@@ -235,7 +249,8 @@ pub struct LayerRes {
     pub mlp: ResScore,
 }
 
-/// A whole model: embeddings, layers, residual kind, the final norm and the (untied) head.
+/// A whole model: embeddings, layers, residual kind, the final norm and the head (the embedding
+/// table itself where the model ties them).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Description {
     pub embed: Mat,
@@ -282,15 +297,20 @@ impl Layer {
             }
             Attention::Gqa(g) => {
                 for a in [&g.q, &g.k, &g.v, &g.o] {
-                    t.extend([&*a.weight.name, &a.bias.name]);
+                    t.push(&a.weight.name);
+                    t.extend(a.bias.iter().map(|b| &*b.name));
                 }
-                t.push(&g.sinks.name);
+                t.extend(g.sinks.iter().map(|s| &*s.name));
+                if let Some(n) = &g.head_norm {
+                    t.extend([&*n.q.name, &n.k.name]);
+                }
             }
         }
         match &self.ffn {
             FeedForward::Dense(m) => t.extend(m.tensors()),
             FeedForward::Moe(m) => {
-                t.extend([&*m.router.gate.name, &m.router.bias.name]);
+                t.push(&m.router.gate.name);
+                t.extend(m.router.bias.iter().map(|b| &*b.name));
                 if let Some(l) = &m.latent {
                     t.extend([&*l.down.name, &l.norm.name, &l.up.name]);
                 }
@@ -308,9 +328,13 @@ impl Mlp {
 }
 
 impl Description {
-    /// The names of the tensors outside the layers: embeddings, the tail's AttnRes scores, norm, lm_head.
+    /// The names of the tensors outside the layers: embeddings, the tail's AttnRes scores, norm, lm_head
+    /// (once, where it is the embedding table).
     pub fn globals(&self) -> Vec<&str> {
-        let mut t = vec![&*self.embed.name, &self.norm.name, &self.lm_head.name];
+        let mut t = vec![&*self.embed.name, &self.norm.name];
+        if self.lm_head != self.embed {
+            t.push(&self.lm_head.name);
+        }
         if let Residual::AttnRes { out, .. } = &self.residual {
             t.extend([&*out.norm.name, &out.proj.name]);
         }
@@ -330,8 +354,12 @@ struct Choices {
     mla_gate: bool,
     act: Act,
     scoring: Scoring,
-    /// The router bias's name under the MoE prefix.
-    router_bias: &'static str,
+    /// The router bias's name under the MoE prefix, where it has one.
+    router_bias: Option<&'static str>,
+    /// GQA: biased projections and sinks (gpt-oss), RMSNorm of q's and k's heads (Qwen3).
+    gqa_bias: bool,
+    gqa_sinks: bool,
+    gqa_head_norm: bool,
 }
 
 fn choices(family: Family) -> Choices {
@@ -347,7 +375,10 @@ fn choices(family: Family) -> Choices {
             mla_gate: true,
             act: Act::Situ,
             scoring: Scoring::SigmoidCorrected,
-            router_bias: "gate.e_score_correction_bias",
+            router_bias: Some("gate.e_score_correction_bias"),
+            gqa_bias: false,
+            gqa_sinks: false,
+            gqa_head_norm: false,
         },
         // Contract §6 (transformers' Kimi Linear).
         Family::KimiLinear => Choices {
@@ -360,7 +391,10 @@ fn choices(family: Family) -> Choices {
             mla_gate: false,
             act: Act::SiluGlu,
             scoring: Scoring::SigmoidCorrected,
-            router_bias: "gate.e_score_correction_bias",
+            router_bias: Some("gate.e_score_correction_bias"),
+            gqa_bias: false,
+            gqa_sinks: false,
+            gqa_head_norm: false,
         },
         // transformers' GptOssForCausalLM (tests/fixtures/gpt_oss_tiny_mxfp4/README.md). It has no KDA or
         // MLA layers, so the KDA/MLA choices are never read; the experts' act comes from `swiglu_limit`.
@@ -374,7 +408,26 @@ fn choices(family: Family) -> Choices {
             mla_gate: false,
             act: Act::SiluGlu,
             scoring: Scoring::SoftmaxTopK,
-            router_bias: "router.bias",
+            router_bias: Some("router.bias"),
+            gqa_bias: true,
+            gqa_sinks: true,
+            gqa_head_norm: false,
+        },
+        // transformers' Qwen3MoeForCausalLM (tests/fixtures/qwen3_moe_tiny_bf16): every layer GQA.
+        Family::Qwen3Moe => Choices {
+            head_prefix: "",
+            attn_res: false,
+            kda_gate_low_rank: true,
+            decay: DecayGate::Softplus,
+            a_log: ALogLayout::PerHead,
+            qk_norm: QkNorm::EpsInsideSqrt,
+            mla_gate: false,
+            act: Act::SiluGlu,
+            scoring: Scoring::Softmax,
+            router_bias: None,
+            gqa_bias: false,
+            gqa_sinks: false,
+            gqa_head_norm: true,
         },
         // transformers' DeepseekV3 (fixtures deepseek_v3_tiny_*, kimi_k2_tiny_int4): every layer MLA.
         Family::DeepseekV3 => Choices {
@@ -387,7 +440,10 @@ fn choices(family: Family) -> Choices {
             mla_gate: false,
             act: Act::SiluGlu,
             scoring: Scoring::SigmoidCorrected,
-            router_bias: "gate.e_score_correction_bias",
+            router_bias: Some("gate.e_score_correction_bias"),
+            gqa_bias: false,
+            gqa_sinks: false,
+            gqa_head_norm: false,
         },
     }
 }
@@ -442,12 +498,17 @@ impl Description {
         let layers = (0..cfg.num_layers)
             .map(|l| layer(cfg, &c, &root.sub(&format!("layers.{l}.")), l))
             .collect::<Result<_>>()?;
+        let embed = root.mat("embed_tokens.weight", v, h);
         Ok(Description {
-            embed: root.mat("embed_tokens.weight", v, h),
+            lm_head: if cfg.tied_embeddings {
+                embed.clone()
+            } else {
+                Names(c.head_prefix.into()).mat("lm_head.weight", v, h)
+            },
+            embed,
             residual,
             layers,
             norm: root.vector("norm.weight", &[h]),
-            lm_head: Names(c.head_prefix.into()).mat("lm_head.weight", v, h),
         })
     }
 }
@@ -456,7 +517,7 @@ fn layer(cfg: &ModelConfig, c: &Choices, n: &Names, l: usize) -> Result<Layer> {
     let h = cfg.hidden;
     let attn = if let Some(g) = &cfg.gqa {
         let rope = cfg.rope.as_ref().context("GQA layers need a RoPE config")?;
-        Attention::Gqa(Box::new(gqa(g, rope, h, &n.sub("self_attn."), l)))
+        Attention::Gqa(Box::new(gqa(cfg, g, c, rope, &n.sub("self_attn."), l)))
     } else if cfg.is_mla[l] {
         Attention::Mla(Box::new(mla(cfg, c, n)))
     } else {
@@ -567,18 +628,23 @@ fn mla(cfg: &ModelConfig, c: &Choices, n: &Names) -> Mla {
     }
 }
 
-fn gqa(g: &GqaConfig, rope: &Rope, h: usize, a: &Names, l: usize) -> Gqa {
-    let (q, kv) = (g.heads * g.head_dim, g.kv_heads * g.head_dim);
+fn gqa(cfg: &ModelConfig, g: &GqaConfig, c: &Choices, rope: &Rope, a: &Names, l: usize) -> Gqa {
+    let (h, q, kv) = (cfg.hidden, g.heads * g.head_dim, g.kv_heads * g.head_dim);
     let affine = |p: &str, rows, cols| Affine {
         weight: a.mat(&format!("{p}.weight"), rows, cols),
-        bias: a.vector(&format!("{p}.bias"), &[rows]),
+        bias: c.gqa_bias.then(|| a.vector(&format!("{p}.bias"), &[rows])),
     };
     Gqa {
         q: affine("q_proj", q, h),
         k: affine("k_proj", kv, h),
         v: affine("v_proj", kv, h),
         o: affine("o_proj", h, q),
-        sinks: a.vector("sinks", &[g.heads]),
+        sinks: c.gqa_sinks.then(|| a.vector("sinks", &[g.heads])),
+        head_norm: c.gqa_head_norm.then(|| HeadNorm {
+            q: a.vector("q_norm.weight", &[g.head_dim]),
+            k: a.vector("k_norm.weight", &[g.head_dim]),
+            eps: cfg.rms_norm_eps,
+        }),
         heads: g.heads,
         kv_heads: g.kv_heads,
         dim: g.head_dim,
@@ -600,13 +666,13 @@ fn moe(cfg: &ModelConfig, c: &Choices, n: &Names) -> Moe {
     let (h, m) = (cfg.hidden, &cfg.moe);
     let b = n.sub(moe_prefix(cfg.family));
     let gate = match c.scoring {
-        Scoring::SigmoidCorrected => "gate.weight",
+        Scoring::SigmoidCorrected | Scoring::Softmax => "gate.weight",
         Scoring::SoftmaxTopK => "router.weight",
     };
     Moe {
         router: Router {
             gate: b.mat(gate, m.num_experts, h),
-            bias: b.vector(c.router_bias, &[m.num_experts]),
+            bias: c.router_bias.map(|n| b.vector(n, &[m.num_experts])),
             scoring: c.scoring,
             top_k: m.top_k,
             renormalize: m.renormalize,

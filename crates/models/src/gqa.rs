@@ -1,33 +1,43 @@
-//! Grouped-query attention with learned sinks (gpt-oss): biased q/k/v/o projections, rotate-half RoPE on q
-//! and k, and per query head a sink logit that joins the softmax without a value. Sliding layers see their
-//! last `window` positions (the current one included), full layers all of them.
+//! Grouped-query attention with rotate-half RoPE on q and k. gpt-oss: biased q/k/v/o projections and per
+//! query head a sink logit that joins the softmax without a value; Qwen3: each head of q and k RMS-normed
+//! before the rotation. Sliding layers see their last `window` positions (the current one included), full
+//! layers all of them.
 
 use crate::describe as desc;
-use crate::ops::axpy;
+use crate::ops::{axpy, rms_norm};
 use crate::rope::{Pairing, Rotary};
 use crate::weights::{forward_many, Linear, Loader};
 use anyhow::Result;
 use deltafin_kernels::dot;
 use rayon::prelude::*;
 
-/// `W x + b`.
+/// `W x (+ b)`.
 pub struct Affine {
     w: Linear,
-    b: Vec<f32>,
+    b: Option<Vec<f32>>,
 }
 
 impl Affine {
     fn load(ld: &Loader, d: &desc::Affine) -> Result<Affine> {
         Ok(Affine {
             w: ld.linear(&d.weight)?,
-            b: ld.vector(&d.bias)?,
+            b: d.bias.as_ref().map(|b| ld.vector(b)).transpose()?,
         })
     }
 
     fn add_bias(&self, y: &mut [f32]) {
-        y.chunks_mut(self.w.rows)
-            .for_each(|r| r.iter_mut().zip(&self.b).for_each(|(v, b)| *v += b));
+        if let Some(b) = &self.b {
+            y.chunks_mut(self.w.rows)
+                .for_each(|r| r.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+        }
     }
+}
+
+/// Qwen3's RMSNorm of every head of q and of k.
+struct HeadNorm {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    eps: f32,
 }
 
 pub struct Gqa {
@@ -35,7 +45,8 @@ pub struct Gqa {
     k: Affine,
     v: Affine,
     o: Affine,
-    sinks: Vec<f32>,
+    sinks: Option<Vec<f32>>,
+    head_norm: Option<HeadNorm>,
     heads: usize,
     kv_heads: usize,
     dim: usize,
@@ -76,7 +87,15 @@ impl Gqa {
             k: Affine::load(ld, &d.k)?,
             v: Affine::load(ld, &d.v)?,
             o: Affine::load(ld, &d.o)?,
-            sinks: ld.vector(&d.sinks)?,
+            sinks: d.sinks.as_ref().map(|s| ld.vector(s)).transpose()?,
+            head_norm: match &d.head_norm {
+                Some(n) => Some(HeadNorm {
+                    q: ld.vector(&n.q)?,
+                    k: ld.vector(&n.k)?,
+                    eps: n.eps,
+                }),
+                None => None,
+            },
             heads: d.heads,
             kv_heads: d.kv_heads,
             dim: d.dim,
@@ -95,6 +114,10 @@ impl Gqa {
         self.k.add_bias(&mut k);
         self.v.add_bias(&mut v);
         let start = cache.k.len() / kw;
+        if let Some(n) = &self.head_norm {
+            q.chunks_mut(dim).for_each(|h| rms_norm(h, &n.q, n.eps));
+            k.chunks_mut(dim).for_each(|h| rms_norm(h, &n.k, n.eps));
+        }
         for (t, (qr, kr)) in q.chunks_mut(heads * dim).zip(k.chunks_mut(kw)).enumerate() {
             qr.chunks_mut(dim)
                 .chain(kr.chunks_mut(dim))
@@ -115,15 +138,18 @@ impl Gqa {
             let mut p: Vec<f32> = (first..=pos)
                 .map(|s| dot(q_h, &cache.k[at(s)]) * scale)
                 .collect();
-            // softmax over the scores and the sink, whose probability is dropped.
-            let sink = self.sinks[h];
-            let max = p.iter().copied().fold(sink, f32::max);
+            // softmax over the scores and the sink (where there is one), whose probability is dropped.
+            let sink = self.sinks.as_ref().map(|s| s[h]);
+            let max = p
+                .iter()
+                .copied()
+                .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
             let mut sum = 0.0f32;
             for s in p.iter_mut() {
                 *s = (*s - max).exp();
                 sum += *s;
             }
-            let inv = 1.0 / (sum + (sink - max).exp());
+            let inv = 1.0 / (sum + sink.map_or(0.0, |s| (s - max).exp()));
             for (j, &ps) in p.iter().enumerate() {
                 axpy(out, ps * inv, &cache.v[at(first + j)]);
             }

@@ -191,7 +191,8 @@ pub fn spine_bytes(dir: &Path) -> Result<u64> {
     let ck = Checkpoint::open(dir)?;
     let desc = Description::of(&ModelConfig::from_dir(dir)?)?;
     let mut names = desc.globals();
-    names.retain(|&n| n != desc.embed.name);
+    // A step reads all of a tied head, though only one row of the same table as embeddings.
+    names.retain(|&n| n != desc.embed.name || desc.lm_head == desc.embed);
     names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
     described_bytes(&ck, &names)
 }

@@ -42,9 +42,10 @@ impl Mlp {
 
 /// The router ([`Scoring`]): noaux_tc (K3, Kimi Linear, DeepSeek-V3: sigmoid scores; the correction bias
 /// only chooses, first among groups of consecutive experts, then among the kept groups' experts; weights
-/// renormalised and scaled) or gpt-oss's biased softmax over the top k.
+/// renormalised and scaled), gpt-oss's biased softmax over the top k, or Qwen3's softmax over all experts.
 pub struct Router {
     gate: Linear,
+    /// Zeros where the router has no bias.
     bias: Vec<f32>,
     scoring: Scoring,
     top_k: usize,
@@ -65,11 +66,12 @@ impl Router {
     pub fn route(&self, x: &[f32], n: usize) -> Vec<Route> {
         let e = self.gate.rows;
         let logits = self.gate.forward(x, n);
-        if self.scoring == Scoring::SoftmaxTopK {
-            return logits
-                .chunks(e)
-                .map(|row| self.softmax_top_k(row))
-                .collect();
+        match self.scoring {
+            Scoring::SoftmaxTopK => {
+                return logits.chunks(e).map(|r| self.softmax_top_k(r)).collect()
+            }
+            Scoring::Softmax => return logits.chunks(e).map(|r| self.softmax_all(r)).collect(),
+            Scoring::SigmoidCorrected => {}
         }
         logits
             .chunks(e)
@@ -116,14 +118,34 @@ impl Router {
     /// ascending-id order.
     fn softmax_top_k(&self, row: &[f32]) -> Route {
         let logits: Vec<f32> = row.iter().zip(&self.bias).map(|(l, b)| l + b).collect();
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        let mut ids = order[..self.top_k].to_vec();
-        ids.sort_unstable();
+        let ids = top_k(&logits, self.top_k);
         let mut weights: Vec<f32> = ids.iter().map(|&i| logits[i]).collect();
         softmax(&mut weights);
         Route { ids, weights }
     }
+
+    /// Qwen3: `p = softmax(x Wᵀ)` over every expert; the k largest (ties: the lower id), divided by their sum
+    /// (ascending-id order) with `norm_topk_prob`.
+    fn softmax_all(&self, row: &[f32]) -> Route {
+        let mut p = row.to_vec();
+        softmax(&mut p);
+        let ids = top_k(&p, self.top_k);
+        let mut weights: Vec<f32> = ids.iter().map(|&i| p[i]).collect();
+        if self.renormalize {
+            let sum: f32 = weights.iter().sum();
+            weights.iter_mut().for_each(|w| *w /= sum);
+        }
+        Route { ids, weights }
+    }
+}
+
+/// The ids of the `k` largest scores (ties: the lower id), in ascending order.
+fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut ids = order[..k].to_vec();
+    ids.sort_unstable();
+    ids
 }
 
 /// K3's latent projections around the routed experts.
@@ -147,7 +169,10 @@ impl Moe {
         Ok(Moe {
             router: Router {
                 gate: ld.linear(&r.gate)?,
-                bias: ld.vector(&r.bias)?,
+                bias: match &r.bias {
+                    Some(b) => ld.vector(b)?,
+                    None => vec![0.0; r.gate.rows],
+                },
                 scoring: r.scoring,
                 top_k: r.top_k,
                 renormalize: r.renormalize,

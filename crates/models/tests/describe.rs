@@ -6,7 +6,7 @@ use deltafin_formats::config::ModelConfig;
 use deltafin_makemodel::{make_model, Arch, Preset};
 use deltafin_models::describe::{
     ALogLayout, Attention, DecayGate, Description, FeedForward, OutputGate, QkNorm, QueryPath,
-    Residual,
+    Residual, Scoring,
 };
 use deltafin_models::ops::Act;
 use deltafin_models::Model;
@@ -24,7 +24,7 @@ fn described(arch: Arch) -> (Description, Checkpoint, tempfile::TempDir) {
 
 #[test]
 fn the_description_names_every_spine_tensor_once() {
-    for arch in [Arch::KimiK3, Arch::KimiLinear, Arch::GptOss] {
+    for arch in [Arch::KimiK3, Arch::KimiLinear, Arch::GptOss, Arch::Qwen3Moe] {
         let (desc, ck, _dir) = described(arch);
         let mut names: Vec<&str> = desc.globals();
         names.extend(desc.layers.iter().flat_map(|l| l.tensors()));
@@ -122,7 +122,7 @@ fn deepseek_v3_description_matches_the_released_layout() {
             assert!(m.rotary.as_ref().is_some_and(|r| r.yarn.is_some()));
             assert!(m.gate.is_none() && matches!(m.q, QueryPath::LowRank { .. }));
             match &layer.ffn {
-                FeedForward::Dense(_) => assert!(l < cfg.first_k_dense),
+                FeedForward::Dense(_) => assert_eq!(l, 0, "{fixture}: first_k_dense_replace is 1"),
                 FeedForward::Moe(m) => {
                     assert_eq!((m.router.groups, m.router.topk_group), groups);
                     assert_eq!(m.act, Act::SiluGlu);
@@ -130,4 +130,45 @@ fn deepseek_v3_description_matches_the_released_layout() {
             }
         }
     }
+}
+
+/// Qwen3-MoE: GQA without biases or sinks but with per-head q/k norms, a bias-free softmax router, the dense
+/// layer of `mlp_only_layers`; with `tie_word_embeddings` the head is the embedding table, described once.
+#[test]
+fn qwen3_moe_description_is_the_released_models() {
+    let (desc, _, dir) = described(Arch::Qwen3Moe);
+    for (l, layer) in desc.layers.iter().enumerate() {
+        let Attention::Gqa(g) = &layer.attn else {
+            panic!("layer {l} is not GQA")
+        };
+        assert!(g.sinks.is_none() && g.window.is_none());
+        assert!([&g.q, &g.k, &g.v, &g.o].iter().all(|a| a.bias.is_none()));
+        let n = g.head_norm.as_ref().expect("q_norm and k_norm");
+        assert_eq!((n.q.shape.clone(), n.eps), (vec![g.dim], 1e-6));
+        match &layer.ffn {
+            FeedForward::Dense(m) => assert_eq!((l, m.gate.rows), (1, 96)),
+            FeedForward::Moe(m) => {
+                assert_eq!(
+                    (m.router.scoring, m.router.bias.clone()),
+                    (Scoring::Softmax, None)
+                );
+                assert!(m.router.renormalize && m.shared.is_none());
+            }
+        }
+    }
+    assert_eq!(desc.lm_head.name, "lm_head.weight");
+    let path = dir.path().join("config.json");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let tie = config.replace(
+        "\"tie_word_embeddings\": false",
+        "\"tie_word_embeddings\": true",
+    );
+    assert_ne!(tie, config);
+    std::fs::write(&path, tie).unwrap();
+    let tied = Description::of(&ModelConfig::from_dir(dir.path()).unwrap()).unwrap();
+    assert_eq!(tied.lm_head, tied.embed);
+    assert_eq!(
+        tied.globals(),
+        ["model.embed_tokens.weight", "model.norm.weight"]
+    );
 }

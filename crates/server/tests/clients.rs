@@ -140,7 +140,7 @@ fn the_official_openai_python_client_works_on_checkpoints_with_padding_rows() {
                 },
                 &["--chat", "template"][..],
             ),
-            Arch::GptOss | Arch::DeepseekV3 | Arch::KimiK2 => {
+            Arch::GptOss | Arch::DeepseekV3 | Arch::KimiK2 | Arch::Qwen3Moe => {
                 unreachable!("{arch:?} takes no padding rows")
             }
         };
@@ -169,22 +169,22 @@ fn the_official_openai_python_client_works_on_checkpoints_with_padding_rows() {
 }
 
 /// make-model's tiny checkpoint of each family besides K3's, one server each, through both official
-/// clients: gpt-oss chats in harmony (and, biased towards its markup, writes it in every order), Kimi K2
-/// through the chat template its checkpoint ships, DeepSeek-V3 (whose own tokenizer is not modelled)
-/// through a plain one.
+/// clients: gpt-oss chats in harmony (and, biased towards its markup, writes it in every order), Kimi K2 and
+/// Qwen3-MoE through the chat templates their checkpoints ship, DeepSeek-V3 (whose own tokenizer is not
+/// modelled) through a plain one.
 #[test]
 fn the_official_python_clients_work_on_every_family() {
-    for arch in [Arch::GptOss, Arch::KimiK2, Arch::DeepseekV3] {
+    for arch in [Arch::GptOss, Arch::KimiK2, Arch::Qwen3Moe, Arch::DeepseekV3] {
         let dir = tempfile::tempdir().unwrap();
         make_model(arch, Preset::Tiny, 0, dir.path()).unwrap();
         let tok = Tokenizer::from_dir(dir.path()).unwrap();
         let (chat_template, chat, harmony_ids) = match arch {
             Arch::GptOss => (None, "harmony", Some(harmony_ids(&tok))),
-            Arch::KimiK2 => {
+            Arch::KimiK2 | Arch::Qwen3Moe => {
                 let template = ChatTemplate::from_dir(dir.path()).unwrap();
                 assert!(
                     template.is_some(),
-                    "make-model's kimi_k2 ships its template"
+                    "make-model's {arch:?} ships its template"
                 );
                 (template.map(Arc::new), "template", None)
             }

@@ -77,7 +77,7 @@ pub enum Role {
 pub fn layer_prefix(family: Family) -> &'static str {
     match family {
         Family::KimiK3 => "language_model.model.",
-        Family::KimiLinear | Family::DeepseekV3 | Family::GptOss => "model.",
+        Family::KimiLinear | Family::DeepseekV3 | Family::GptOss | Family::Qwen3Moe => "model.",
     }
 }
 
@@ -85,7 +85,7 @@ pub fn layer_prefix(family: Family) -> &'static str {
 pub fn moe_prefix(family: Family) -> &'static str {
     match family {
         Family::KimiK3 | Family::KimiLinear => "block_sparse_moe.",
-        Family::DeepseekV3 | Family::GptOss => "mlp.",
+        Family::DeepseekV3 | Family::GptOss | Family::Qwen3Moe => "mlp.",
     }
 }
 
@@ -108,9 +108,9 @@ pub fn is_routed_expert(name: &str) -> bool {
 }
 
 /// One expert record: its tensors in checkpoint order, each at a fixed offset, so a record read in one piece
-/// is computed in place. K3 / Kimi Linear: w1, w2, w3 (packed then scale for MXFP4); DeepSeek-V3 as its
-/// released shards order them: weights (down, gate, up), then scales in the same order; gpt-oss: gate_up's
-/// blocks, scales and bias, then down's.
+/// is computed in place. K3 / Kimi Linear: w1, w2, w3 (packed then scale for MXFP4); DeepSeek-V3 and
+/// Qwen3-MoE as their released shards order them: weights (down, gate, up), then scales in the same order;
+/// gpt-oss: gate_up's blocks, scales and bias, then down's.
 #[derive(Debug)]
 pub struct ExpertRecord {
     pub encoding: Encoding,
@@ -155,7 +155,9 @@ impl ExpertRecord {
                 (Role::Up, inter, width),
             ]
         };
-        if family == Family::DeepseekV3 {
+        // The released shards of these families list tensors by name: down, gate, up.
+        let by_name = matches!(family, Family::DeepseekV3 | Family::Qwen3Moe);
+        if by_name {
             matrices.sort_by_key(|m| role_name(family, m.0));
         }
         let mut tensors = Vec::new();
@@ -167,7 +169,7 @@ impl ExpertRecord {
                 roles.push((role, k));
             }
         }
-        if family == Family::DeepseekV3 {
+        if by_name {
             // Weights first, then scales (a stable sort keeps the matrices' order).
             let mut order: Vec<usize> = (0..tensors.len()).collect();
             order.sort_by_key(|&i| roles[i].1);

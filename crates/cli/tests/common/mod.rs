@@ -1,6 +1,8 @@
 //! Shared helpers for the CLI-level tests: make checkpoints, run the binary, call the Python references.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod golden;
+
 use deltafin_formats::npy::{self, Array2};
 use deltafin_makemodel::{make_model, Arch, Preset};
 use deltafin_models::{Backend, LogitRows, Model, Stats};

@@ -97,6 +97,10 @@ impl CudaModel {
                 topk_group: mc.topk_group,
             }
             .go(&self.gpu, n)?,
+            // Qwen3-MoE's router; the family is refused when a CUDA model is opened.
+            Scoring::Softmax => {
+                bail!("a softmax-over-all-experts router is not yet on CUDA; use --device cpu")
+            }
             Scoring::SoftmaxTopK => MoeRouteSoftmax {
                 logits,
                 bias: m.bias.ptr(),

@@ -13,7 +13,7 @@ use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
 use deltafin_formats::checkpoint::Checkpoint;
-use deltafin_formats::config::ModelConfig;
+use deltafin_formats::config::{Family, ModelConfig};
 use deltafin_kernels::FP8_BLOCK;
 use deltafin_models::describe::{self, Description, Mat, Vector};
 use deltafin_models::rope::{softmax_scale, Pairing, Rotary};
@@ -147,6 +147,12 @@ pub struct Source {
 impl Source {
     pub fn open(dir: &Path, load: &LoadOptions) -> Result<Source> {
         let cfg = ModelConfig::from_dir(dir)?;
+        if cfg.family == Family::Qwen3Moe {
+            bail!(
+                "{}: Qwen3-MoE is not yet on CUDA; use --device cpu",
+                dir.display()
+            );
+        }
         let ck = Checkpoint::open(dir)?;
         let mut load = load.clone();
         // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
@@ -154,6 +160,12 @@ impl Source {
         let experts = open_expert_store(dir, &ck, &cfg, &load)?;
         Ok(Source { cfg, ck, experts })
     }
+}
+
+/// A part of gpt-oss's attention that the description leaves optional (Qwen3 has none of them).
+fn needed<'a>(v: &'a Option<Vector>, what: &str) -> Result<&'a Vector> {
+    v.as_ref()
+        .with_context(|| format!("attention without {what} is not yet on CUDA; use --device cpu"))
 }
 
 /// A matrix for the matmul kernels (BF16 or FP8).
@@ -373,6 +385,10 @@ impl CudaModel {
                         ])?;
                         let [q, k, v]: [Lin; 3] =
                             parts.try_into().map_err(|_| anyhow!("three parts"))?;
+                        // gpt-oss's attention: biases and sinks, no per-head norms (Qwen3 is refused above).
+                        if g.head_norm.is_some() {
+                            bail!("per-head q/k norms are not yet on CUDA; use --device cpu");
+                        }
                         let rope = Rotary::new(&g.rope, g.dim, Pairing::Half);
                         Attn::Gqa(Box::new(Gqa {
                             xin,
@@ -380,13 +396,13 @@ impl CudaModel {
                             k,
                             v,
                             bias: [
-                                vecf(b, &g.q.bias)?,
-                                vecf(b, &g.k.bias)?,
-                                vecf(b, &g.v.bias)?,
+                                vecf(b, needed(&g.q.bias, "a q bias")?)?,
+                                vecf(b, needed(&g.k.bias, "a k bias")?)?,
+                                vecf(b, needed(&g.v.bias, "a v bias")?)?,
                             ],
                             o: b.lin(mat(&g.o.weight)?)?,
-                            o_bias: vecf(b, &g.o.bias)?,
-                            sinks: vecf(b, &g.sinks)?,
+                            o_bias: vecf(b, needed(&g.o.bias, "an o bias")?)?,
+                            sinks: vecf(b, needed(&g.sinks, "sinks")?)?,
                             inv_freq: b.vector(rope.inv_freq()),
                             attn: rope.attn_factor(),
                             heads: g.heads,
@@ -485,7 +501,12 @@ impl CudaModel {
                         Ffn::Moe(Box::new(Moe {
                             xin,
                             router,
-                            bias: vecf(b, &m.router.bias)?,
+                            bias: vecf(
+                                b,
+                                m.router.bias.as_ref().context(
+                                    "a router without a bias is not yet on CUDA; use --device cpu",
+                                )?,
+                            )?,
                             latent,
                             shared: m.shared.as_ref().map(|s| mlp(b, s)).transpose()?,
                             scoring: m.router.scoring,

@@ -50,7 +50,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
         num_layers,
         vocab_size: bounded(root, "vocab_size", MAX_VOCAB)?,
         rms_norm_eps,
-        first_k_dense: usize_field(root, "first_k_dense_replace")?,
+        dense: first_k_dense(usize_field(root, "first_k_dense_replace")?, num_layers)?,
         dense_intermediate: dim_field(root, "intermediate_size")?,
         is_mla: vec![true; num_layers],
         kda: KdaConfig::default(),
@@ -81,6 +81,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
         eos_token_id: opt_u32(root, "eos_token_id")?,
         gqa: None,
         swiglu_limit: None,
+        tied_embeddings: false,
     };
     validate(&cfg)?;
     if cfg.moe.top_k > (num_experts / groups) * topk_group {
@@ -167,7 +168,8 @@ mod tests {
         assert_eq!((v3.moe.groups, v3.moe.topk_group, v3.moe.top_k), (4, 2, 4));
         assert_eq!((v3.moe.num_experts, v3.moe.shared_width), (16, 32));
         assert_eq!(v3.moe.routed_scaling_factor, 2.5);
-        assert_eq!((v3.first_k_dense, v3.mla.q_lora_rank), (1, Some(96)));
+        assert_eq!(v3.dense, [true, false, false]);
+        assert_eq!(v3.mla.q_lora_rank, Some(96));
         assert_eq!(v3.quant, Quant::None);
         let y = v3.rope.unwrap().yarn.unwrap();
         assert_eq!(

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Grouped-query attention with sinks, as gpt-oss has it in every layer.
+/// Grouped-query attention in every layer (gpt-oss, Qwen3-MoE); what differs between them is the family's.
 #[derive(Clone, Debug)]
 pub struct GqaConfig {
     pub heads: usize,
@@ -19,15 +19,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
     expect_bool(root, "tie_word_embeddings", false)?;
     quantization(root)?;
     let num_layers = bounded(root, "num_hidden_layers", MAX_LAYERS)?;
-    let heads = dim_field(root, "num_attention_heads")?;
-    let kv_heads = dim_field(root, "num_key_value_heads")?;
-    if kv_heads == 0 || heads == 0 || !heads.is_multiple_of(kv_heads) {
-        bail!("field `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})");
-    }
-    let head_dim = dim_field(root, "head_dim")?;
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        bail!("field `head_dim` is {head_dim}; rotate-half RoPE needs a positive even width");
-    }
+    let (heads, kv_heads, head_dim) = gqa_heads(root, None)?;
     let top_k = match opt_usize(root, "num_experts_per_tok")? {
         Some(k) => k,
         None => usize_field(root, "experts_per_token")?,
@@ -51,7 +43,7 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
         num_layers,
         vocab_size: bounded(root, "vocab_size", MAX_VOCAB)?,
         rms_norm_eps: f32_field(root, "rms_norm_eps")?,
-        first_k_dense: 0,
+        dense: vec![false; num_layers],
         dense_intermediate: 0,
         is_mla: vec![false; num_layers],
         kda: KdaConfig::default(),
@@ -80,9 +72,33 @@ pub(super) fn parse(root: &Map<String, Value>) -> Result<ModelConfig> {
             window,
         }),
         swiglu_limit: Some(swiglu_limit),
+        tied_embeddings: false,
     };
     validate(&cfg)?;
     Ok(cfg)
+}
+
+/// `(heads, kv_heads, head_dim)`: query heads a positive multiple of the KV heads, `head_dim` even for
+/// rotate-half RoPE. Without a `head_dim` field it is `hidden / heads` where the family defaults it so
+/// (`hidden`: Qwen3), else missing (gpt-oss).
+pub(super) fn gqa_heads(
+    root: &Map<String, Value>,
+    hidden: Option<usize>,
+) -> Result<(usize, usize, usize)> {
+    let heads = dim_field(root, "num_attention_heads")?;
+    let kv_heads = dim_field(root, "num_key_value_heads")?;
+    if kv_heads == 0 || heads == 0 || !heads.is_multiple_of(kv_heads) {
+        bail!("field `num_attention_heads` ({heads}) must be a positive multiple of `num_key_value_heads` ({kv_heads})");
+    }
+    let head_dim = match (opt_bounded(root, "head_dim", MAX_DIM)?, hidden) {
+        (Some(d), _) => d,
+        (None, Some(h)) => h / heads,
+        (None, None) => bail!("missing field `head_dim`"),
+    };
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        bail!("field `head_dim` is {head_dim}; rotate-half RoPE needs a positive even width");
+    }
+    Ok((heads, kv_heads, head_dim))
 }
 
 /// Experts in MXFP4 (`*_blocks`/`*_scales`), everything else unconverted: the released form.

@@ -8,12 +8,15 @@
 //!    openai-harmony does, and parses the reply's channels.
 //! 2. **K3** (XTML, built in) for a `kimi_k3` checkpoint.
 //! 3. **Template**: the checkpoint's Jinja chat template (`chat_template.jinja`, or `chat_template` in
-//!    `tokenizer_config.json`); its reply is all content.
+//!    `tokenizer_config.json`); its reply is all content, but for a `<think>` … `</think>` block at its
+//!    start where the template handles those (Qwen3's: [`ThinkParser`]).
 //!
 //! Without any of them the checkpoint cannot chat (plain completion still works).
 
 use super::harmony::{self, HarmonyParser};
-use super::{ChatTemplate, ReplyEvent, ReplyParser, K3_CLOSE, K3_END_OF_MSG, K3_OPEN, K3_SEP};
+use super::{
+    ChatTemplate, ReplyEvent, ReplyParser, ThinkParser, K3_CLOSE, K3_END_OF_MSG, K3_OPEN, K3_SEP,
+};
 use crate::Tokenizer;
 use anyhow::Result;
 use std::path::Path;
@@ -95,11 +98,13 @@ impl ChatFormat {
     }
 
     /// A parser for the reply to a prompt that ends ready for the assistant: harmony's from the first
-    /// header, K3's inside the think block, a template's all content.
+    /// header, K3's inside the think block, a thinking template's think block then content, another
+    /// template's all content.
     pub fn reply_parser(&self) -> ChatParser {
         match self {
             ChatFormat::Harmony => ChatParser::Harmony(HarmonyParser::new()),
             ChatFormat::K3 => ChatParser::K3(ReplyParser::new()),
+            ChatFormat::Template(t) if t.thinks() => ChatParser::Think(ThinkParser::new()),
             ChatFormat::Template(_) => ChatParser::K3(ReplyParser::starting_in_content()),
         }
     }
@@ -110,6 +115,7 @@ impl ChatFormat {
 pub enum ChatParser {
     K3(ReplyParser),
     Harmony(HarmonyParser),
+    Think(ThinkParser),
 }
 
 impl ChatParser {
@@ -118,6 +124,7 @@ impl ChatParser {
         match self {
             ChatParser::K3(p) => p.push(text),
             ChatParser::Harmony(p) => p.push(text),
+            ChatParser::Think(p) => p.push(text),
         }
     }
 
@@ -126,6 +133,7 @@ impl ChatParser {
         match self {
             ChatParser::K3(p) => p.finish(text),
             ChatParser::Harmony(p) => p.finish(text),
+            ChatParser::Think(p) => p.finish(text),
         }
     }
 
@@ -134,6 +142,7 @@ impl ChatParser {
         match self {
             ChatParser::K3(p) => p.in_reasoning(),
             ChatParser::Harmony(p) => p.in_reasoning(),
+            ChatParser::Think(p) => p.in_reasoning(),
         }
     }
 }

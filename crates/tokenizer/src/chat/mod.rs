@@ -34,11 +34,13 @@ mod scan;
 mod template;
 #[cfg(test)]
 mod tests;
+mod think;
 
 pub use format::{ChatFormat, ChatParser, HARMONY_MARKUP, K3_MARKUP};
 pub use reply::{parse_reply, Reply, ReplyParser};
 pub use scan::ReplyEvent;
 pub use template::ChatTemplate;
+pub use think::{ThinkParser, THINK_CLOSE, THINK_OPEN};
 
 use crate::Piece;
 use serde::{Deserialize, Serialize};

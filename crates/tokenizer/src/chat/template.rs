@@ -40,6 +40,12 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// Whether the template renders think blocks (`</think>`, as Qwen3's does for the last reply's
+    /// `reasoning_content`): its model's replies then start with one.
+    pub fn thinks(&self) -> bool {
+        self.source.contains(super::THINK_CLOSE)
+    }
+
     /// The template of checkpoint `dir`: `chat_template.jinja` if present, else `chat_template` in
     /// `tokenizer_config.json` (a string, or a list of `{name, template}` of which "default" is used).
     /// `Ok(None)` when the checkpoint has none.

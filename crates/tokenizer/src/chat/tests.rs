@@ -312,3 +312,51 @@ fn messages_deserialize_from_openai_json() {
         "a&\"b&amp;"
     );
 }
+
+/// A thinking template's reply, cut anywhere: the think block is reasoning, the rest content; a reply
+/// without one (after leading whitespace) is all content, a later `<think>` included.
+#[test]
+fn think_parser_splits_replies_cut_anywhere() {
+    let cases = [
+        (
+            "<think>\nWhy <b>?\n</think>\n\nBlue < red.",
+            "\nWhy <b>?\n",
+            "\n\nBlue < red.",
+        ),
+        ("\n<think></think>Hi", "", "Hi"),
+        ("\n Hi <think>x</think>", "", "\n Hi <think>x</think>"),
+        ("<think>never closed", "never closed", ""),
+        ("<thi", "", "<thi"),
+    ];
+    for (text, reasoning, content) in cases {
+        let want = Reply {
+            reasoning: reasoning.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+        };
+        for a in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+            let mut parser = ThinkParser::new();
+            let mut got = Reply::default();
+            collect(parser.push(&text[..a]), &mut got);
+            collect(parser.finish(&text[a..]), &mut got);
+            assert_eq!(got, want, "{text:?} cut at {a}");
+        }
+    }
+}
+
+#[test]
+fn only_templates_that_render_think_blocks_parse_them() {
+    let thinking = ChatTemplate::new("{{ '<think>' }}{{ '</think>' }}", "", "").unwrap();
+    let plain = ChatTemplate::new("{{ messages[0].content }}", "", "").unwrap();
+    let reply = |t: ChatTemplate| {
+        let mut p = ChatFormat::Template(std::sync::Arc::new(t)).reply_parser();
+        let mut got = Reply::default();
+        collect(p.finish("<think>a</think>b"), &mut got);
+        (got.reasoning, got.content)
+    };
+    assert_eq!(reply(thinking), ("a".to_string(), "b".to_string()));
+    assert_eq!(
+        reply(plain),
+        (String::new(), "<think>a</think>b".to_string())
+    );
+}
