@@ -27,6 +27,7 @@ pub struct DoctorArgs {
 pub fn doctor(a: DoctorArgs) -> Result<()> {
     println!("cpu: {}", cpu_line());
     println!("memory: {}", memory_line());
+    println!("expert cache: {}", expert_cache_line());
     match deltafin_cuda::gpu::describe() {
         Ok(gpus) => gpus.iter().for_each(|g| println!("gpu: {g}")),
         Err(e) => println!("gpu: none usable ({e:#})"),
@@ -95,6 +96,34 @@ fn memory_line() -> String {
         Some(a) => format!("{total}; this process: {a}"),
         None => total,
     }
+}
+
+/// Which memory the expert cache uses, and at what first-touch cost (BENCHMARKS.md, "First touch").
+fn expert_cache_line() -> String {
+    let slab = "an anonymous slab, each page cleared by the kernel on first use";
+    if !cfg!(target_os = "linux") {
+        return slab.into();
+    }
+    // The mode is the bracketed word, e.g. "always [madvise] never".
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| {
+            let mode = s.split_whitespace().find(|w| w.starts_with('['))?;
+            Some(mode.trim_matches(['[', ']']).to_string())
+        });
+    let steps = match thp {
+        Some(mode) => format!(
+            "read ahead in 2 MiB steps (transparent huge pages available, mode {mode}; the mappings ask for \
+             them with MADV_HUGEPAGE)"
+        ),
+        None => "read ahead in the drive's read-ahead steps (this kernel has no transparent huge pages: \
+                 more kernel time per byte read)"
+            .into(),
+    };
+    format!(
+        "when every expert fits, the page cache through read-only mappings of the model's files, {steps}, \
+         with no page to clear; a smaller cache is {slab}"
+    )
 }
 
 /// Reads a temporary file of `bytes` in `dir` with direct I/O where the filesystem allows it, then

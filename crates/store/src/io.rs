@@ -230,6 +230,9 @@ pub struct ReadOp {
     pub need: usize,
     /// Destination; stays valid until `done` reaches zero (the slab guarantees it).
     pub dst: *mut u8,
+    /// `dst` is `file`'s read-only mapping at `offset`: the read brings those pages into the page cache
+    /// ([`crate::mapped::bring_in`]) instead of copying into memory of ours.
+    pub mapped: bool,
     pub done: Arc<Completion>,
 }
 
@@ -618,13 +621,13 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 return;
             };
             let Some((op, priority)) = next else { break };
-            populate(op.dst as usize, op.len);
-            if op.file.faults.is_some() {
-                // Injected faults live on the positioned-read path.
+            if op.file.faults.is_some() || op.mapped {
+                // Injected faults and mapped ranges live on the positioned-read path.
                 let err = positioned_read(&op);
                 complete(&drive, &counters, &op, priority, err);
                 continue;
             }
+            populate(op.dst as usize, op.len);
             let entry =
                 opcode::Read::new(types::Fd(op.file.file.as_raw_fd()), op.dst, op.len as u32)
                     .offset(op.offset)
@@ -675,6 +678,9 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
 
 /// Performs `op` with a positioned read (the pool's way, and the ring's fallback); the error text if it failed.
 fn positioned_read(op: &ReadOp) -> Option<String> {
+    if op.mapped {
+        return crate::mapped::bring_in(op);
+    }
     // SAFETY: the slab keeps `dst..dst+len` valid, and written by this op alone, until the op completes.
     let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
     populate(op.dst as usize, op.len);
