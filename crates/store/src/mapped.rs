@@ -2,12 +2,11 @@
 //! when it holds every record (Linux).
 //!
 //! Why not the slab then: a direct read into a never-touched anonymous page makes the kernel fault it and
-//! clear it inside the read, and a model that fits in memory fills the whole slab once. On the measured VM
-//! (free pages handed back to the host, so a fresh page is also backed again by the host on first touch)
-//! that clearing was 38–49% of a 30-token run's CPU samples (BENCHMARKS.md, "First touch"). The drive fills
-//! page-cache pages by DMA with nothing to clear, and what is left is bookkeeping.
+//! clear it inside the read, and a model that fits in memory fills the whole slab once: that clearing was
+//! 22–49% of a 30-token run's CPU samples (BENCHMARKS.md, "First touch"). The drive fills page-cache pages
+//! with nothing to clear, and the next process finds them still cached. (On a VM whose host takes back the
+//! guest's free memory, backing a fresh page again still costs the host the same; see [`bring_in`].)
 
-use crate::io::{Fault, ReadOp, ALIGN};
 use std::fs::File;
 use std::path::Path;
 
@@ -84,54 +83,32 @@ impl Drop for FileMap {
     }
 }
 
-/// Performs a read whose destination is `op.file`'s mapping at `op.offset` (`op.dst`): the pages are read
-/// into the page cache and mapped, so the compute that follows takes no page fault. `MADV_POPULATE_READ`
-/// (Linux 5.14) faults them in; an older kernel touches one byte a page instead. (Announcing the range
-/// with `POSIX_FADV_WILLNEED` first read it into 4 KiB pages: 25x the kernel time.) The error text if it
-/// failed.
-pub fn bring_in(op: &ReadOp) -> Option<String> {
-    let err = |e: String| {
-        Some(format!(
-            "{}: {} bytes at offset {}: {e}",
-            op.file.path.display(),
-            op.len,
-            op.offset
-        ))
-    };
-    match op
-        .file
-        .faults
-        .as_ref()
-        .and_then(|f| f.before_read(&op.file.path, op.offset, op.len))
-    {
-        Some(Fault::Os(errno)) => return err(std::io::Error::from_raw_os_error(errno).to_string()),
-        Some(Fault::Short(n)) if n < op.need => {
-            return err(format!(
-                "short read: {n} of {} bytes (the file ends early)",
-                op.need
-            ))
-        }
-        _ => {}
-    }
-    let start = op.dst as usize / ALIGN * ALIGN;
-    let len = op.dst as usize + op.len - start;
+/// The smallest page size: the stride of the touch below.
+const PAGE: usize = 4096;
+
+/// Brings the pages of the mapping under `start..start+len` (`start` page-aligned) into the page cache and
+/// maps them, so the compute that follows takes no page fault: `MADV_POPULATE_READ` (Linux 5.14; an older
+/// kernel only gets the touch). (Announcing the range with `POSIX_FADV_WILLNEED` first read it into 4 KiB
+/// pages: 25x the kernel time.) Then one byte a page is read: on a VM whose host takes back the guest's free
+/// memory, the first access to a page the drive filled still exits to the host (~9 µs a page measured here,
+/// BENCHMARKS.md), and this keeps that off the compute threads; elsewhere it costs a cache miss a page.
+pub fn bring_in(start: usize, len: usize) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: `start..start+len` lies in the file's live mapping (the store checked every record
-        // against the file's length); populating only reads.
+        // SAFETY: `start..start+len` lies in a live mapping of a file (the store checked every record
+        // against its file's length); populating only reads.
         let populated =
             unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_READ) };
-        if populated == 0 {
-            return None;
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINVAL) {
-            return err(e.to_string());
+        if populated != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
         }
     }
-    for at in (start..start + len).step_by(ALIGN) {
-        // SAFETY: inside the live mapping, as above; a volatile read so that the touch is not optimised out.
+    for at in (start..start + len).step_by(PAGE) {
+        // SAFETY: inside the live mapping, as above; volatile, so that the read is not optimised out.
         unsafe { std::ptr::read_volatile(at as *const u8) };
     }
-    None
+    Ok(())
 }
