@@ -102,7 +102,7 @@ fn memory_line() -> String {
 fn expert_cache_line() -> String {
     let slab = "an anonymous slab, each page cleared by the kernel on first use";
     if !cfg!(target_os = "linux") {
-        return slab.into();
+        return format!("{slab} (--map-experts needs Linux)");
     }
     // The mode is the bracketed word, e.g. "always [madvise] never".
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -121,8 +121,8 @@ fn expert_cache_line() -> String {
             .into(),
     };
     format!(
-        "when every expert fits, the page cache through read-only mappings of the model's files, {steps}, \
-         with no page to clear; a smaller cache is {slab}"
+        "{slab}; with --map-experts and every expert fitting, the page cache through read-only mappings \
+         of the model's files, {steps}, with no page to clear"
     )
 }
 

@@ -80,9 +80,10 @@ pub struct StoreOptions {
     /// Faults injected into every expert read (tests of failing drives); none in normal use.
     pub faults: Option<Arc<dyn io::FaultInjector>>,
     /// When the cache holds every record, serve records from read-only mappings of the data files instead
-    /// of the slab ([`mapped`]: no first-touch clearing). Off for a device that page-locks the slab, and
-    /// without effect for the io_uring engine (whose one thread per drive would wait on each range in turn)
-    /// or records split over several extents.
+    /// of the slab ([`mapped`]: no first-touch clearing, and the next process finds them cached). Off by
+    /// default: on the VM measured, cold runs were slower with it (BENCHMARKS.md, "First touch"). Without
+    /// effect for the io_uring engine (whose one thread per drive would wait on each range in turn) or
+    /// records split over several extents.
     pub map_files: bool,
 }
 
@@ -98,7 +99,7 @@ impl Default for StoreOptions {
             prefetch: true,
             backend: io::Backend::Pool,
             faults: None,
-            map_files: true,
+            map_files: false,
         }
     }
 }

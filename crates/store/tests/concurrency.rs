@@ -51,6 +51,7 @@ fn concurrent_passes_always_get_their_own_bytes() {
                 RECORD,
                 StoreOptions {
                     cache_bytes,
+                    map_files: mapped,
                     working_slots: 8,
                     direct_io,
                     workers_per_drive: 2,

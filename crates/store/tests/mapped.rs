@@ -1,5 +1,5 @@
-//! When the cache holds every record, records are served from read-only mappings of their files (the page
-//! cache) instead of the slab — only then, and never where a mapping could show wrong bytes. A failed read of
+//! Asked to, and when the cache holds every record, the store serves records from read-only mappings of their
+//! files (the page cache) instead of the slab — only then, and never where a mapping could show wrong bytes. A failed read of
 //! a mapped range fails its record like a failed read into the slab.
 
 #![cfg(target_os = "linux")]
@@ -44,6 +44,7 @@ fn options(cached_records: usize) -> StoreOptions {
         working_slots: 2,
         workers_per_drive: 2,
         chunk_bytes: 4096,
+        map_files: true,
         ..StoreOptions::default()
     }
 }
@@ -107,7 +108,7 @@ fn the_slab_stays_where_a_mapping_does_not_fit() {
     };
     // A cache short of every record evicts, and evicting a mapped record frees nothing.
     check_all(&slab(options(EXPERTS - 3), layers.clone()));
-    // Turned off (a device page-locking the slab), or the io_uring engine.
+    // Not asked for (the default), or the io_uring engine.
     let off = StoreOptions {
         map_files: false,
         ..options(EXPERTS)
