@@ -1,7 +1,7 @@
 //! The expert store: where routed experts live (an unpacked checkpoint's shards or a pack striped over
 //! drives), the read engine that brings them in, and the RAM cache — a fixed slab of record-sized slots
-//! allocated once, so no token allocates, or, when the cache holds every record, the page cache through
-//! read-only mappings of the data files ([`mapped`]).
+//! allocated once, so no token allocates — or, asked to and when the cache holds every record, the page cache
+//! through read-only mappings of the data files ([`mapped`]).
 //!
 //! The model asks for one layer's experts at a time with [`ExpertStore::fetch`] and computes each one as its
 //! bytes arrive; [`ExpertStore::prefetch`] queues predicted experts of the next layer into idle disk time.

@@ -1,5 +1,5 @@
 //! Records served in place from the page cache, through read-only mappings of their data files — the cache
-//! when it holds every record (Linux).
+//! when it holds every record and [`crate::StoreOptions::map_files`] asks for it (Linux).
 //!
 //! Why not the slab then: a direct read into a never-touched anonymous page makes the kernel fault it and
 //! clear it inside the read, and a model that fits in memory fills the whole slab once: that clearing was
