@@ -116,14 +116,33 @@ fn expert_cache_line() -> String {
             "read ahead in 2 MiB steps (transparent huge pages available, mode {mode}; the mappings ask for \
              them with MADV_HUGEPAGE)"
         ),
-        None => "read ahead in the drive's read-ahead steps (this kernel has no transparent huge pages: \
-                 more kernel time per byte read)"
+        None => "read ahead in steps of the drive's read-ahead setting (this kernel has no transparent huge \
+                 pages, which the mappings would ask for)"
             .into(),
+    };
+    let host = if free_page_reporting() {
+        "; this VM hands freed memory back to its host, so a page first used after a drop of caches or \
+         another process's exit is backed again by the host on first touch, whichever way the cache fills it"
+    } else {
+        ""
     };
     format!(
         "{slab}; with --map-experts and every expert fitting, the page cache through read-only mappings \
-         of the model's files, {steps}, with no page to clear"
+         of the model's files, {steps}, with no page to clear{host}"
     )
+}
+
+/// A virtio balloon (device id 5) offering free page reporting (feature bit 5): the guest's free memory goes
+/// back to the host, which makes first touches dear (BENCHMARKS.md, "First touch").
+fn free_page_reporting() -> bool {
+    let Ok(devices) = std::fs::read_dir("/sys/bus/virtio/devices") else {
+        return false;
+    };
+    devices.flatten().any(|d| {
+        let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap_or_default();
+        // `features` lists the negotiated bits as '0'/'1' characters, bit 0 first.
+        read("device").trim() == "0x0005" && read("features").as_bytes().get(5) == Some(&b'1')
+    })
 }
 
 /// Reads a temporary file of `bytes` in `dir` with direct I/O where the filesystem allows it, then
