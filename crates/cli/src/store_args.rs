@@ -35,7 +35,7 @@ pub struct StoreArgs {
     /// When every routed expert fits in the expert cache, read them in place from the page cache through
     /// read-only mappings of the model's files instead of into the cache's own memory: the kernel clears no
     /// pages for them, and a later run finds them still cached. On the 2-core VM measured, cold runs were
-    /// slower with it (BENCHMARKS.md, "First touch"); CPU only.
+    /// no faster with it (BENCHMARKS.md, "First touch"); CPU only.
     #[arg(long)]
     pub map_experts: bool,
     /// Reads in flight per drive.

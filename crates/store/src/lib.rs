@@ -81,7 +81,7 @@ pub struct StoreOptions {
     pub faults: Option<Arc<dyn io::FaultInjector>>,
     /// When the cache holds every record, serve records from read-only mappings of the data files instead
     /// of the slab ([`mapped`]: no first-touch clearing, and the next process finds them cached). Off by
-    /// default: on the VM measured, cold runs were slower with it (BENCHMARKS.md, "First touch"). Without
+    /// default: on the VM measured, cold runs were no faster with it (BENCHMARKS.md, "First touch"). Without
     /// effect for the io_uring engine (whose one thread per drive would wait on each range in turn) or
     /// records split over several extents.
     pub map_files: bool,
