@@ -27,6 +27,7 @@ pub struct DoctorArgs {
 pub fn doctor(a: DoctorArgs) -> Result<()> {
     println!("cpu: {}", cpu_line());
     println!("memory: {}", memory_line());
+    println!("expert cache: {}", expert_cache_line());
     match deltafin_cuda::gpu::describe() {
         Ok(gpus) => gpus.iter().for_each(|g| println!("gpu: {g}")),
         Err(e) => println!("gpu: none usable ({e:#})"),
@@ -95,6 +96,53 @@ fn memory_line() -> String {
         Some(a) => format!("{total}; this process: {a}"),
         None => total,
     }
+}
+
+/// Which memory the expert cache uses, and at what first-touch cost (BENCHMARKS.md, "First touch").
+fn expert_cache_line() -> String {
+    let slab = "an anonymous slab, each page cleared by the kernel on first use";
+    if !cfg!(target_os = "linux") {
+        return format!("{slab} (--map-experts needs Linux)");
+    }
+    // The mode is the bracketed word, e.g. "always [madvise] never".
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| {
+            let mode = s.split_whitespace().find(|w| w.starts_with('['))?;
+            Some(mode.trim_matches(['[', ']']).to_string())
+        });
+    let steps = match thp {
+        Some(mode) => format!(
+            "read ahead in 2 MiB steps (transparent huge pages available, mode {mode}; the mappings ask for \
+             them with MADV_HUGEPAGE)"
+        ),
+        None => "read ahead in steps of the drive's read-ahead setting (this kernel has no transparent huge \
+                 pages, which the mappings would ask for)"
+            .into(),
+    };
+    let host = if free_page_reporting() {
+        "; this VM hands freed memory back to its host, so a page first used after a drop of caches or \
+         another process's exit is backed again by the host on first touch, whichever way the cache fills it"
+    } else {
+        ""
+    };
+    format!(
+        "{slab}; with --map-experts and every expert fitting, the page cache through read-only mappings \
+         of the model's files, {steps}, with no page to clear{host}"
+    )
+}
+
+/// A virtio balloon (device id 5) offering free page reporting (feature bit 5): the guest's free memory goes
+/// back to the host, which makes first touches dear (BENCHMARKS.md, "First touch").
+fn free_page_reporting() -> bool {
+    let Ok(devices) = std::fs::read_dir("/sys/bus/virtio/devices") else {
+        return false;
+    };
+    devices.flatten().any(|d| {
+        let read = |f: &str| std::fs::read_to_string(d.path().join(f)).unwrap_or_default();
+        // `features` lists the negotiated bits as '0'/'1' characters, bit 0 first.
+        read("device").trim() == "0x0005" && read("features").as_bytes().get(5) == Some(&b'1')
+    })
 }
 
 /// Reads a temporary file of `bytes` in `dir` with direct I/O where the filesystem allows it, then

@@ -61,7 +61,7 @@ fn stats_line(
         .map(|b| format!("spine {:.3} MB + ", per_token(b * stats.passes())))
         .unwrap_or_default();
     format!(
-        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) + {:.1} MB background fill | expert slab {:.2} GiB, cache hits {:.1}% | I/O wait {:.3}s | read per generated token: {}experts {:.3} MB | lookahead precision/recall by layer {} | kernels {}",
+        "[stats] load {:.2}s | prefill {} tok {:.3}s ({:.1} tok/s) | decode {} tok {:.3}s ({:.2} tok/s) | experts used {} ({:.1} MB) | read {:.1} MB demand + {:.1} MB prefetch ({:.2} GB/s over the passes) + {:.1} MB background fill | expert slab {:.2} GiB{}, cache hits {:.1}% | I/O wait {:.3}s | read per generated token: {}experts {:.3} MB | lookahead precision/recall by layer {} | kernels {}",
         load_secs,
         n_prompt,
         out.prefill_secs,
@@ -76,6 +76,11 @@ fn stats_line(
         store.bytes_read() as f64 / busy.max(1e-9) / 1e9,
         store.background_bytes as f64 / 1e6,
         model.store().slab_bytes() as f64 / (1u64 << 30) as f64,
+        if model.store().in_page_cache() {
+            " (page cache, mapped files)"
+        } else {
+            ""
+        },
         100.0 * store.hit_rate(),
         store.wait_secs,
         spine,

@@ -32,6 +32,12 @@ pub struct StoreArgs {
     /// Read through the page cache instead of direct I/O (O_DIRECT).
     #[arg(long)]
     pub buffered_io: bool,
+    /// When every routed expert fits in the expert cache, read them in place from the page cache through
+    /// read-only mappings of the model's files instead of into the cache's own memory: the kernel clears no
+    /// pages for them, and a later run finds them still cached. On the 2-core VM measured, cold runs were
+    /// no faster with it (BENCHMARKS.md, "First touch"); CPU only.
+    #[arg(long)]
+    pub map_experts: bool,
     /// Reads in flight per drive.
     #[arg(long, default_value_t = 8)]
     pub io_workers: usize,
@@ -171,6 +177,7 @@ impl StoreArgs {
             workers_per_drive: self.io_workers,
             policy: self.cache_policy,
             prefetch: !self.no_prefetch,
+            map_files: self.map_experts,
             backend: self.io_engine,
             ..StoreOptions::default()
         };
@@ -275,6 +282,7 @@ impl Default for StoreArgs {
             cache_policy: Policy::default(),
             no_prefetch: false,
             buffered_io: false,
+            map_experts: false,
             io_workers: 8,
             io_engine: deltafin_store::io::Backend::Pool,
             memory_budget: None,

@@ -1,7 +1,7 @@
 //! The read engine: positioned reads into page-aligned memory, direct I/O where the filesystem allows it,
 //! many reads in flight per drive, and two queues per drive — demand always served before prefetch.
 
-use crate::os;
+use crate::{mapped, os};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::fs::File;
@@ -181,10 +181,7 @@ impl DataFile {
     /// arrived (an aligned direct read of a file's last record may extend past its end). A direct read off the
     /// block grid goes through an aligned scratch buffer; one the filesystem refuses (EINVAL) goes buffered.
     pub fn read_at_least(&self, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
-        let fault = self
-            .faults
-            .as_ref()
-            .and_then(|f| f.before_read(&self.path, offset, buf.len()));
+        let fault = self.fault(offset, buf.len());
         if let Some(Fault::Os(errno)) = fault {
             return Err(std::io::Error::from_raw_os_error(errno));
         }
@@ -198,10 +195,7 @@ impl DataFile {
             _ => got,
         };
         if got < need {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("short read: {got} of {need} bytes (the file ends early)"),
-            ));
+            return Err(short_read(got, need));
         }
         Ok(())
     }
@@ -251,6 +245,37 @@ impl DataFile {
             Ok(got)
         })
     }
+
+    /// Brings `len` bytes at `offset` of this file into the page cache through its read-only mapping at
+    /// `dst` ([`mapped::bring_in`]); an injected fault fails it as it would fail a read.
+    pub fn bring_in(
+        &self,
+        dst: *mut u8,
+        offset: u64,
+        len: usize,
+        need: usize,
+    ) -> std::io::Result<()> {
+        match self.fault(offset, len) {
+            Some(Fault::Os(errno)) => return Err(std::io::Error::from_raw_os_error(errno)),
+            Some(Fault::Short(n)) if n < need => return Err(short_read(n, need)),
+            _ => {}
+        }
+        let start = dst as usize / ALIGN * ALIGN;
+        mapped::bring_in(start, dst as usize + len - start)
+    }
+
+    fn fault(&self, offset: u64, len: usize) -> Option<Fault> {
+        self.faults
+            .as_ref()
+            .and_then(|f| f.before_read(&self.path, offset, len))
+    }
+}
+
+fn short_read(got: usize, need: usize) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("short read: {got} of {need} bytes (the file ends early)"),
+    )
 }
 
 fn fill(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
@@ -275,6 +300,9 @@ pub struct ReadOp {
     pub need: usize,
     /// Destination; stays valid until `done` reaches zero (the slab guarantees it).
     pub dst: *mut u8,
+    /// `dst` is `file`'s read-only mapping at `offset`: the read brings those pages into the page cache
+    /// ([`DataFile::bring_in`]) instead of copying into memory of ours.
+    pub mapped: bool,
     pub done: Arc<Completion>,
 }
 
@@ -663,13 +691,16 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 return;
             };
             let Some((op, priority)) = next else { break };
-            populate(op.dst as usize, op.len);
-            if op.file.faults.is_some() || op.file.needs_bounce(op.dst, op.offset, op.len) {
-                // Injected faults live on the positioned-read path, and so do reads off the O_DIRECT grid.
+            if op.file.faults.is_some()
+                || op.mapped
+                || op.file.needs_bounce(op.dst, op.offset, op.len)
+            {
+                // Injected faults, mapped ranges and reads off the O_DIRECT grid live on the positioned-read path.
                 let err = positioned_read(&op);
                 complete(&drive, &counters, &op, priority, err);
                 continue;
             }
+            populate(op.dst as usize, op.len);
             let entry =
                 opcode::Read::new(types::Fd(op.file.file.as_raw_fd()), op.dst, op.len as u32)
                     .offset(op.offset)
@@ -720,6 +751,13 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
 
 /// Performs `op` with a positioned read (the pool's way, and the ring's fallback); the error text if it failed.
 fn positioned_read(op: &ReadOp) -> Option<String> {
+    if op.mapped {
+        return op
+            .file
+            .bring_in(op.dst, op.offset, op.len, op.need)
+            .err()
+            .map(|e| read_error(op, e));
+    }
     // SAFETY: the slab keeps `dst..dst+len` valid, and written by this op alone, until the op completes.
     let buf = unsafe { std::slice::from_raw_parts_mut(op.dst, op.len) };
     populate(op.dst as usize, op.len);

@@ -1,12 +1,14 @@
 //! The expert store: where routed experts live (an unpacked checkpoint's shards or a pack striped over
 //! drives), the read engine that brings them in, and the RAM cache — a fixed slab of record-sized slots
-//! allocated once, so no token allocates.
+//! allocated once, so no token allocates — or, asked to and when the cache holds every record, the page cache
+//! through read-only mappings of the data files ([`mapped`]).
 //!
 //! The model asks for one layer's experts at a time with [`ExpertStore::fetch`] and computes each one as its
 //! bytes arrive; [`ExpertStore::prefetch`] queues predicted experts of the next layer into idle disk time.
 
 mod fill;
 pub mod io;
+pub mod mapped;
 pub mod os;
 pub mod pack;
 pub mod policy;
@@ -77,6 +79,12 @@ pub struct StoreOptions {
     pub backend: io::Backend,
     /// Faults injected into every expert read (tests of failing drives); none in normal use.
     pub faults: Option<Arc<dyn io::FaultInjector>>,
+    /// When the cache holds every record, serve records from read-only mappings of the data files instead
+    /// of the slab ([`mapped`]: no first-touch clearing, and the next process finds them cached). Off by
+    /// default: on the VM measured, cold runs were no faster with it (BENCHMARKS.md, "First touch"). Without
+    /// effect for the io_uring engine (whose one thread per drive would wait on each range in turn) or
+    /// records split over several extents.
+    pub map_files: bool,
 }
 
 impl Default for StoreOptions {
@@ -91,6 +99,7 @@ impl Default for StoreOptions {
             prefetch: true,
             backend: io::Backend::Pool,
             faults: None,
+            map_files: false,
         }
     }
 }
@@ -200,7 +209,7 @@ pub struct ExpertStore {
     layers: Vec<Vec<RecordLoc>>,
     record_len: usize,
     slot_len: usize,
-    slab: AlignedBuf,
+    memory: Memory,
     state: Mutex<SlabState>,
     notify: Arc<(Mutex<()>, Condvar)>,
     io: Arc<IoEngine>,
@@ -211,6 +220,14 @@ pub struct ExpertStore {
     backfill: Option<Arc<dyn Backfill>>,
     /// Describes where records come from, for messages ("pack at …", "checkpoint …").
     pub origin: String,
+}
+
+/// Where cached records' bytes live.
+enum Memory {
+    /// Slots of `slot_len` bytes, filled by reads.
+    Slab(AlignedBuf),
+    /// One read-only mapping per data file: a record lies where its file has it.
+    Mapped(Vec<mapped::FileMap>),
 }
 
 /// Slab bytes one record takes: room for an aligned read that starts up to one page before the record and
@@ -271,7 +288,10 @@ impl ExpertStore {
         let cached =
             ((opts.cache_bytes / slot_len as u64) as usize).min(records.saturating_sub(working));
         let n_slots = working + cached;
-        let slab = AlignedBuf::new(n_slots * slot_len);
+        let memory = match map_files(&files, &layers, &opts, n_slots >= records) {
+            Some(maps) => Memory::Mapped(maps),
+            None => Memory::Slab(AlignedBuf::new(n_slots * slot_len)),
+        };
         let slots = (0..n_slots)
             .map(|_| Slot {
                 key: None,
@@ -295,7 +315,7 @@ impl ExpertStore {
             layers,
             record_len,
             slot_len,
-            slab,
+            memory,
             state: Mutex::new(SlabState {
                 map: HashMap::new(),
                 slots,
@@ -312,6 +332,11 @@ impl ExpertStore {
 
     /// Records missing from the local files are fetched through `backfill` before they are read.
     pub fn with_backfill(mut self, backfill: Arc<dyn Backfill>) -> ExpertStore {
+        // A mirror's files change under a mapping (records fetched, room made by evicting): records are
+        // read into the slab.
+        if let Memory::Mapped(_) = self.memory {
+            self.memory = Memory::Slab(AlignedBuf::new(self.slots() * self.slot_len));
+        }
         self.backfill = Some(backfill);
         self
     }
@@ -357,7 +382,7 @@ impl ExpertStore {
                     .1
                 {
                     let c = Completion::new(1, self.notify.clone());
-                    self.io.submit(read.op(slot, &c), Priority::Demand);
+                    self.io.submit(read.op(slot, false, &c), Priority::Demand);
                     waits.push(c);
                 }
             }
@@ -374,15 +399,28 @@ impl ExpertStore {
         Ok(t0.elapsed().as_secs_f64())
     }
 
-    /// Memory of the record slab (cache plus working set).
+    /// Memory of the record slab (cache plus working set), or of every record when they are served from
+    /// the page cache.
     pub fn slab_bytes(&self) -> u64 {
-        self.slab.len() as u64
+        match &self.memory {
+            Memory::Slab(slab) => slab.len() as u64,
+            Memory::Mapped(_) => (self.records_cached().0 * self.record_len) as u64,
+        }
+    }
+
+    /// Whether records are served from the page cache through mappings of their files.
+    pub fn in_page_cache(&self) -> bool {
+        matches!(self.memory, Memory::Mapped(_))
     }
 
     /// The slab's address range, for page-locking it with a device driver so that copies to the device read
-    /// records where they lie. It stays mapped, at this address, for the store's lifetime.
+    /// records where they lie. It stays mapped, at this address, for the store's lifetime. Empty when
+    /// records are served from the page cache (see [`StoreOptions::map_files`]).
     pub fn slab_range(&self) -> (*mut u8, usize) {
-        (self.slab.as_ptr(), self.slab.len())
+        match &self.memory {
+            Memory::Slab(slab) => (slab.as_ptr(), slab.len()),
+            Memory::Mapped(_) => (std::ptr::null_mut(), 0),
+        }
     }
 
     /// Records of the model, and how many of them the cache holds or is reading in.
@@ -587,8 +625,16 @@ impl ExpertStore {
             _ => self.opts.chunk_bytes,
         }
         .max(ALIGN);
-        let base = self.slab.as_ptr().wrapping_add(slot * self.slot_len);
-        let (start, ops) = self.plan_reads(&self.layers[key.0][key.1], chunk);
+        let rec = &self.layers[key.0][key.1];
+        let (base, mapped) = match &self.memory {
+            Memory::Slab(slab) => (slab.as_ptr().wrapping_add(slot * self.slot_len), false),
+            Memory::Mapped(maps) => (maps[rec.extents[0].file].as_ptr(), true),
+        };
+        let (start, ops) = if mapped {
+            self.plan_mapped(rec, chunk)
+        } else {
+            self.plan_reads(rec, chunk)
+        };
         let done = Completion::new(ops.len() as u64, self.notify.clone());
         let s = &mut st.slots[slot];
         *s = Slot {
@@ -606,7 +652,7 @@ impl ExpertStore {
             st.policy.touch(key);
         }
         for read in ops {
-            self.io.submit(read.op(base, &done), priority);
+            self.io.submit(read.op(base, mapped, &done), priority);
         }
     }
 
@@ -678,8 +724,39 @@ impl ExpertStore {
         (start, reads)
     }
 
-    fn record(&self, slot: usize, start: usize) -> &[u8] {
-        &self.slab.as_slice()[slot * self.slot_len + start..][..self.record_len]
+    /// How a record served from the page cache ([`Memory::Mapped`], always one extent) is brought in: from
+    /// its first page to its last byte (a page wholly past the file's end cannot be mapped), each read's
+    /// destination its offset in the file's mapping.
+    fn plan_mapped(&self, rec: &RecordLoc, chunk: usize) -> (usize, Vec<PlannedRead>) {
+        let x = &rec.extents[0];
+        let (a, end) = (align_down(x.offset), x.offset + x.len as u64);
+        let mut reads = Vec::new();
+        let mut at = a;
+        while at < end {
+            let len = ((end - at) as usize).min(chunk);
+            reads.push(PlannedRead {
+                file: self.files[x.file].clone(),
+                offset: at,
+                len,
+                need: len,
+                dst: at as usize,
+            });
+            at += len as u64;
+        }
+        ((x.offset - a) as usize, reads)
+    }
+
+    /// The bytes of record `key` held by `slot`, `start` bytes into it.
+    fn record(&self, slot: usize, key: Key, start: usize) -> &[u8] {
+        match &self.memory {
+            Memory::Slab(slab) => {
+                &slab.as_slice()[slot * self.slot_len + start..][..self.record_len]
+            }
+            Memory::Mapped(maps) => {
+                let x = &self.layers[key.0][key.1].extents[0];
+                &maps[x.file].as_slice()[x.offset as usize..][..self.record_len]
+            }
+        }
     }
 
     fn release(&self, slot: usize) {
@@ -702,16 +779,46 @@ struct PlannedRead {
 }
 
 impl PlannedRead {
-    fn op(self, slot: *mut u8, done: &Arc<Completion>) -> ReadOp {
+    fn op(self, slot: *mut u8, mapped: bool, done: &Arc<Completion>) -> ReadOp {
         ReadOp {
             file: self.file,
             offset: self.offset,
             len: self.len,
             need: self.need,
             dst: slot.wrapping_add(self.dst),
+            mapped,
             done: done.clone(),
         }
     }
+}
+
+/// Read-only mappings of `files` when records are to be served from the page cache: the cache holds every
+/// record (`holds_all`, so nothing is ever evicted from a slot), each record is one extent inside its file,
+/// and the options allow it. `None` keeps the slab (also where a file cannot be mapped).
+fn map_files(
+    files: &[Arc<DataFile>],
+    layers: &[Vec<RecordLoc>],
+    opts: &StoreOptions,
+    holds_all: bool,
+) -> Option<Vec<mapped::FileMap>> {
+    if !(cfg!(target_os = "linux")
+        && holds_all
+        && opts.map_files
+        && opts.backend == io::Backend::Pool)
+    {
+        return None;
+    }
+    let maps: Vec<mapped::FileMap> = files
+        .iter()
+        .map(|f| mapped::FileMap::open(&f.path))
+        .collect::<Option<_>>()?;
+    // A record past its file's end stays with the slab, whose reads report the file as short.
+    let inside = |x: &Extent| x.offset + x.len as u64 <= maps[x.file].len() as u64;
+    layers
+        .iter()
+        .flatten()
+        .all(|r| matches!(&r.extents[..], [x] if inside(x)))
+        .then_some(maps)
 }
 
 /// Prefetched records whose reads finished while nobody waited on them become ordinary ready (evictable)
@@ -753,13 +860,13 @@ pub struct Fetch<'a> {
 pub struct RecordRef<'a> {
     store: &'a ExpertStore,
     slot: usize,
-    start: usize,
+    bytes: &'a [u8],
     pub expert: usize,
 }
 
 impl RecordRef<'_> {
     pub fn bytes(&self) -> &[u8] {
-        self.store.record(self.slot, self.start)
+        self.bytes
     }
 }
 
@@ -881,7 +988,7 @@ impl<'a> Fetch<'a> {
         st.slots[slot].phase = Phase::Ready;
         if !st.slots[slot].verified {
             if let Some(want) = want {
-                let got = xxhash_rust::xxh3::xxh3_64(store.record(slot, start));
+                let got = xxhash_rust::xxh3::xxh3_64(store.record(slot, (self.layer, e), start));
                 if got != want {
                     let file = &store.files[store.layers[self.layer][e].extents[0].file].path;
                     return fail(
@@ -898,7 +1005,7 @@ impl<'a> Fetch<'a> {
         Ok(RecordRef {
             store,
             slot,
-            start,
+            bytes: store.record(slot, (self.layer, e), start),
             expert: e,
         })
     }

@@ -105,6 +105,7 @@ pub fn probe(
                 len: n,
                 need: n,
                 dst: ring.as_ptr().wrapping_add(slot * chunk),
+                mapped: false,
                 done: done.clone(),
             };
             engine.submit(op, Priority::Demand);

@@ -1,6 +1,7 @@
 //! Passes on several threads share one store: demand and prefetch of overlapping records, a slab far smaller
 //! than the records, so slots are evicted and refilled all the time. Every record handed out must hold its
-//! own bytes — a slot refilled under a pass that still uses it would hand out another record's.
+//! own bytes — a slot refilled under a pass that still uses it would hand out another record's. The same
+//! passes run over a cache holding every record, served from the file's mapping.
 
 use deltafin_store::{ExpertStore, Extent, RecordLoc, StoreOptions};
 use std::sync::Arc;
@@ -36,14 +37,21 @@ fn concurrent_passes_always_get_their_own_bytes() {
         layers.push(recs);
     }
     std::fs::write(&path, &data).unwrap();
-    for direct_io in [true, false] {
+    let all = (LAYERS * EXPERTS) as u64 * deltafin_store::slot_bytes(RECORD);
+    // (direct reads, cache bytes, served from the page cache)
+    for (direct_io, cache_bytes, mapped) in [
+        (true, 2 * RECORD as u64, false),
+        (false, 2 * RECORD as u64, false),
+        (true, all, true),
+    ] {
         let store = Arc::new(
             ExpertStore::new(
                 &[(path.clone(), 0)],
                 layers.clone(),
                 RECORD,
                 StoreOptions {
-                    cache_bytes: 2 * RECORD as u64,
+                    cache_bytes,
+                    map_files: mapped,
                     working_slots: 8,
                     direct_io,
                     workers_per_drive: 2,
@@ -54,6 +62,7 @@ fn concurrent_passes_always_get_their_own_bytes() {
             )
             .unwrap(),
         );
+        assert_eq!(store.in_page_cache(), mapped && cfg!(target_os = "linux"));
         let threads: Vec<_> = (0..8)
             .map(|id| {
                 let store = store.clone();

@@ -157,6 +157,9 @@ impl Source {
         let mut load = load.clone();
         // The GPU path does not run the lookahead router; prediction scoring would only disable itself.
         load.store.prefetch = false;
+        // Copies to the GPU read records from the page-locked slab: keep records there (--map-experts is for
+        // the CPU).
+        load.store.map_files = false;
         let experts = open_expert_store(dir, &ck, &cfg, &load)?;
         Ok(Source { cfg, ck, experts })
     }
