@@ -1333,46 +1333,7 @@ extern "C" __global__ void decode_pick(const float* logits, int vocab, u32* hdr,
     }
 }
 
-// ==== DeepSeek-V3 / Kimi K2 ===========================================================================        }
-    }
-}
-
-template <int ENC>
-__device__ void expert_down_quant(EXPERT_DOWN_ARGS) {
-    extern __shared__ float xq[];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
-    const u8* rec = (const u8*)slots[u];
-    int end = min((int)blockIdx.x * 64 + 64, width);
-    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
-        stage_row(xq, a + (size_t)e * inter, inter);
-        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
-            float v = quant_dot<ENC>(rec + parts.off[2], rec + parts.off[3], r, xq, inter, lane);
-            if (lane == 0) y[(size_t)e * width + r] = v;
-        }
-    }
-}
-
-extern "C" __global__ void expert_up_fp8(EXPERT_UP_ARGS) {
-    pdl_launch_next();
-    pdl_wait();
-    expert_up_quant<0>(slots, row_off, rows, z, a, width, inter, act, parts);
-}
-extern "C" __global__ void expert_up_int4(EXPERT_UP_ARGS) {
-    pdl_launch_next();
-    pdl_wait();
-    expert_up_quant<1>(slots, row_off, rows, z, a, width, inter, act, parts);
-}
-extern "C" __global__ void expert_down_fp8(EXPERT_DOWN_ARGS) {
-    pdl_launch_next();
-    pdl_wait();
-    expert_down_quant<0>(slots, row_off, a, y, width, inter, parts);
-}
-extern "C" __global__ void expert_down_int4(EXPERT_DOWN_ARGS) {
-    pdl_launch_next();
-    pdl_wait();
-    expert_down_quant<1>(slots, row_off, a, y, width, inter, parts);
-}
-
+// ==== DeepSeek-V3 / Kimi K2 ==================================================================================
 // FP8 e4m3 spine matrices (`matmul_fp8`; the MLA's kv_b through `kv_weight`), RoPE on MLA's rope part
 // (`rope_rotate`), the grouped router (`keep_groups`), and routed experts stored as FP8 128×128-block or INT4
 // group-32 records (`expert_up_fp8` … `expert_down_int4`). Each weight is decoded to f32 where it is read, as the
@@ -1508,7 +1469,46 @@ __device__ void expert_up_quant(EXPERT_UP_ARGS) {
             float g = quant_dot<ENC>(rec + parts.off[0], rec + parts.off[1], r, xq, width, lane);
             float v = quant_dot<ENC>(rec + parts.off[4], rec + parts.off[5], r, xq, width, lane);
             if (lane == 0) a[(size_t)e * inter + r] = actf(act, g, v);
-=======
+        }
+    }
+}
+
+template <int ENC>
+__device__ void expert_down_quant(EXPERT_DOWN_ARGS) {
+    extern __shared__ float xq[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5, u = blockIdx.y;
+    const u8* rec = (const u8*)slots[u];
+    int end = min((int)blockIdx.x * 64 + 64, width);
+    for (int e = row_off[u]; e < row_off[u + 1]; e++) {
+        stage_row(xq, a + (size_t)e * inter, inter);
+        for (int r = blockIdx.x * 64 + warp; r < end; r += warps) {
+            float v = quant_dot<ENC>(rec + parts.off[2], rec + parts.off[3], r, xq, inter, lane);
+            if (lane == 0) y[(size_t)e * width + r] = v;
+        }
+    }
+}
+
+extern "C" __global__ void expert_up_fp8(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<0>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_up_int4(EXPERT_UP_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_up_quant<1>(slots, row_off, rows, z, a, width, inter, act, parts);
+}
+extern "C" __global__ void expert_down_fp8(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<0>(slots, row_off, a, y, width, inter, parts);
+}
+extern "C" __global__ void expert_down_int4(EXPERT_DOWN_ARGS) {
+    pdl_launch_next();
+    pdl_wait();
+    expert_down_quant<1>(slots, row_off, a, y, width, inter, parts);
+}
+
 // ==== gpt-oss (crates/cuda/src/model/gqa.rs, the biased MXFP4 experts, the softmax-over-top-k router) ====
 
 // Each row's q, k and v plus their biases, q and k rotated (rotate-half: element i pairs with i + dim/2) for the
