@@ -115,13 +115,14 @@ impl Sampler {
     fn sample(&mut self, logits: &[f32]) -> u32 {
         let t = self.params.temperature;
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        // Probabilities in f64, sorted descending (ties by id) so the nucleus is well defined.
+        // Probabilities in f64, sorted descending (ties by id) so the nucleus is well defined. Ids are distinct,
+        // so the order is total and an unstable sort gives the stable one's (o200k: 201,088 ids each token).
         let mut probs: Vec<(u32, f64)> = logits
             .iter()
             .enumerate()
             .map(|(i, &l)| (i as u32, (((l - max) / t) as f64).exp()))
             .collect();
-        probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        probs.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let total: f64 = probs.iter().map(|p| p.1).sum();
         let mut kept = 0.0;
         let mut cut = probs.len();
