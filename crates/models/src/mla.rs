@@ -74,22 +74,16 @@ impl Mla {
         let kv_b = ld.linear(&d.kv_b)?;
         // Each head's value rows of an FP8 kv_b are read as a row slice, which must not straddle two
         // 128-row scale blocks (the kernel's slices keep one scale row per block).
-        if matches!(kv_b.weights, Stored::Fp8Block { .. }) {
-            let per_head = d.nope + d.v;
-            let straddles = (0..d.heads).any(|h| {
-                let start = h * per_head + d.nope;
-                !start.is_multiple_of(FP8_BLOCK)
-                    && start / FP8_BLOCK != (start + d.v.max(1) - 1) / FP8_BLOCK
-            });
-            if straddles {
-                bail!(
-                    "tensor `{}` is FP8 with qk_nope_head_dim {} and v_head_dim {}: a head's value rows cross a \
-                     128-row scale block, which deltafin's FP8 kernels do not slice; use a BF16 kv_b_proj",
-                    d.kv_b.name,
-                    d.nope,
-                    d.v
-                );
-            }
+        if matches!(kv_b.weights, Stored::Fp8Block { .. })
+            && value_rows_straddle(d.heads, d.nope, d.v)
+        {
+            bail!(
+                "tensor `{}` is FP8 with qk_nope_head_dim {} and v_head_dim {}: a head's value rows cross a \
+                 128-row scale block, which deltafin's FP8 kernels do not slice; use a BF16 kv_b_proj",
+                d.kv_b.name,
+                d.nope,
+                d.v
+            );
         }
         Ok(Mla {
             q: match &d.q {
@@ -198,5 +192,33 @@ impl Mla {
             }
         }
         self.o.forward(&attn, n)
+    }
+}
+
+/// Whether some head's value rows in kv_b (`[heads × (nope + v)]`, per head nope rows then v rows) start inside
+/// a 128-row scale block and run past its end.
+fn value_rows_straddle(heads: usize, nope: usize, v: usize) -> bool {
+    (0..heads).any(|h| {
+        let start = h * (nope + v) + nope;
+        !start.is_multiple_of(FP8_BLOCK) && start / FP8_BLOCK != (start + v.max(1) - 1) / FP8_BLOCK
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_rows_straddle;
+
+    #[test]
+    fn value_rows_that_cross_a_scale_block_are_found() {
+        // DeepSeek-V3 / Kimi K2 (128 + 128): every head's value rows are one whole block.
+        assert!(!value_rows_straddle(128, 128, 128));
+        // 32 + 32: four heads a block, none crossing.
+        assert!(!value_rows_straddle(8, 32, 32));
+        // 96 + 64: head 0's value rows are 96..160, across the boundary at 128.
+        assert!(value_rows_straddle(2, 96, 64));
+        // 48 + 16: value rows at 48, 112, 176, 240 (16 each), all inside a block; 40 + 40: head 1's at
+        // 120..160, across 128 (head 0's are not).
+        assert!(!value_rows_straddle(4, 48, 16));
+        assert!(value_rows_straddle(4, 40, 40));
     }
 }
