@@ -362,6 +362,25 @@ struct Choices {
     gqa_head_norm: bool,
 }
 
+/// What the families in transformers' layout share: no head prefix, plain pre-norm residuals, no MLA gate,
+/// SiLU GLU experts, the noaux_tc router's correction bias, GQA without biases, sinks or head norms; fla's KDA
+/// conventions (Kimi Linear's — the families without KDA layers never read them).
+const TRANSFORMERS: Choices = Choices {
+    head_prefix: "",
+    attn_res: false,
+    kda_gate_low_rank: true,
+    decay: DecayGate::Softplus,
+    a_log: ALogLayout::PerHead,
+    qk_norm: QkNorm::EpsInsideSqrt,
+    mla_gate: false,
+    act: Act::SiluGlu,
+    scoring: Scoring::SigmoidCorrected,
+    router_bias: Some("gate.e_score_correction_bias"),
+    gqa_bias: false,
+    gqa_sinks: false,
+    gqa_head_norm: false,
+};
+
 fn choices(family: Family) -> Choices {
     match family {
         // Contract §1, §2 and §4.
@@ -374,77 +393,28 @@ fn choices(family: Family) -> Choices {
             qk_norm: QkNorm::ClampedNorm,
             mla_gate: true,
             act: Act::Situ,
-            scoring: Scoring::SigmoidCorrected,
-            router_bias: Some("gate.e_score_correction_bias"),
-            gqa_bias: false,
-            gqa_sinks: false,
-            gqa_head_norm: false,
+            ..TRANSFORMERS
         },
         // Contract §6 (transformers' Kimi Linear).
-        Family::KimiLinear => Choices {
-            head_prefix: "",
-            attn_res: false,
-            kda_gate_low_rank: true,
-            decay: DecayGate::Softplus,
-            a_log: ALogLayout::PerHead,
-            qk_norm: QkNorm::EpsInsideSqrt,
-            mla_gate: false,
-            act: Act::SiluGlu,
-            scoring: Scoring::SigmoidCorrected,
-            router_bias: Some("gate.e_score_correction_bias"),
-            gqa_bias: false,
-            gqa_sinks: false,
-            gqa_head_norm: false,
-        },
-        // transformers' GptOssForCausalLM (tests/fixtures/gpt_oss_tiny_mxfp4/README.md). It has no KDA or
-        // MLA layers, so the KDA/MLA choices are never read; the experts' act comes from `swiglu_limit`.
+        Family::KimiLinear => TRANSFORMERS,
+        // transformers' GptOssForCausalLM (tests/fixtures/gpt_oss_tiny_mxfp4/README.md); the experts' act comes
+        // from `swiglu_limit`.
         Family::GptOss => Choices {
-            head_prefix: "",
-            attn_res: false,
-            kda_gate_low_rank: true,
-            decay: DecayGate::Softplus,
-            a_log: ALogLayout::PerHead,
-            qk_norm: QkNorm::EpsInsideSqrt,
-            mla_gate: false,
-            act: Act::SiluGlu,
             scoring: Scoring::SoftmaxTopK,
             router_bias: Some("router.bias"),
             gqa_bias: true,
             gqa_sinks: true,
-            gqa_head_norm: false,
+            ..TRANSFORMERS
         },
         // transformers' Qwen3MoeForCausalLM (tests/fixtures/qwen3_moe_tiny_bf16): every layer GQA.
         Family::Qwen3Moe => Choices {
-            head_prefix: "",
-            attn_res: false,
-            kda_gate_low_rank: true,
-            decay: DecayGate::Softplus,
-            a_log: ALogLayout::PerHead,
-            qk_norm: QkNorm::EpsInsideSqrt,
-            mla_gate: false,
-            act: Act::SiluGlu,
             scoring: Scoring::Softmax,
             router_bias: None,
-            gqa_bias: false,
-            gqa_sinks: false,
             gqa_head_norm: true,
+            ..TRANSFORMERS
         },
         // transformers' DeepseekV3 (fixtures deepseek_v3_tiny_*, kimi_k2_tiny_int4): every layer MLA.
-        Family::DeepseekV3 => Choices {
-            head_prefix: "",
-            attn_res: false,
-            kda_gate_low_rank: false,
-            decay: DecayGate::Softplus,
-            a_log: ALogLayout::PerHead,
-            qk_norm: QkNorm::EpsInsideSqrt,
-            mla_gate: false,
-            act: Act::SiluGlu,
-            scoring: Scoring::SigmoidCorrected,
-            router_bias: Some("gate.e_score_correction_bias"),
-            gqa_bias: false,
-            gqa_sinks: false,
-            gqa_head_norm: false,
-        },
+        Family::DeepseekV3 => TRANSFORMERS,
     }
 }
 
