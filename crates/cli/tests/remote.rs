@@ -153,6 +153,44 @@ fn a_run_from_the_remote_equals_the_local_run_bit_for_bit_then_runs_offline() {
     assert!(stderr(&out).contains("partial mirror"), "{}", stderr(&out));
 }
 
+/// The released families' records (gpt-oss's six slices of stacked tensors, FP8 and INT4 records with their
+/// scales, Qwen3's BF16 triples) stream from a verified mirror and from a pack striped over two directories
+/// exactly as from the checkpoint's own files.
+#[test]
+fn every_family_runs_the_same_from_a_mirror_and_from_a_striped_pack() {
+    for arch in [Arch::GptOss, Arch::KimiK2, Arch::DeepseekV3, Arch::Qwen3Moe] {
+        let src = tiny(arch, 5);
+        let dir = model_dir(&src);
+        let out = deltafin(&["checksums", "--model", path(&dir)]);
+        assert!(out.status.success(), "{arch:?}: {}", stderr(&out));
+        let streamed = ["--expert-cache", "0"];
+        let (local, _) = logits(&dir, &streamed);
+
+        let server = Server::start(&dir);
+        let t = tempfile::tempdir().unwrap();
+        let m = fresh(&t, "mirror");
+        let (remote, err) = logits(&m, &["--remote", server.url(), "--expert-cache", "0"]);
+        assert_eq!(local, remote, "{arch:?}: the mirror's logits differ");
+        assert!(err.contains("spine verified"), "{arch:?}: {err}");
+
+        let (p1, p2) = (t.path().join("p1"), t.path().join("p2"));
+        let out = deltafin(&[
+            "pack",
+            "--model",
+            path(&dir),
+            "--out",
+            path(&p1),
+            "--out",
+            path(&p2),
+            "--weights",
+            "1,1",
+        ]);
+        assert!(out.status.success(), "{arch:?}: {}", stderr(&out));
+        let (packed, _) = logits(&dir, &["--pack", path(&p2), "--expert-cache", "0"]);
+        assert_eq!(local, packed, "{arch:?}: the pack's logits differ");
+    }
+}
+
 #[test]
 fn spine_only_fetch_then_experts_on_first_use_and_offline_says_what_is_missing() {
     let (src, server, _t, m) = setup(4);
