@@ -243,9 +243,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The seed-0 model of `arch` and `preset` (the bench presets: 4-10 GB) in `cache`, created on first use — and again where the one there
-/// was made by an earlier version of the preset (its config.json differs), so a changed preset is never
-/// measured on its old shape.
+/// The seed-0 model of `arch` and `preset` (the bench presets: 4-10 GB) in `cache`, created on first use,
+/// and again where the one there was made by an earlier version of the preset (its config.json differs),
+/// so a changed preset is never measured on its old shape.
 fn cached_model(cache: &Path, arch: Arch, preset: Preset) -> Result<PathBuf> {
     let dir = cache.join(format!("{}-{}-seed0", arch.name(), preset.name()));
     let config = dir.join("config.json");
