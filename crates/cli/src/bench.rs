@@ -14,7 +14,7 @@ use crate::store_args::{parse_size, StoreArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use deltafin_cuda::Device;
-use deltafin_makemodel::{make_model, Arch, Preset};
+use deltafin_makemodel::{config_json, make_model, Arch, Preset};
 use deltafin_models::{Backend, LogitRows, Model, Pass, Stats};
 use deltafin_store::{probe, Snapshot};
 use serde_json::json;
@@ -101,7 +101,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if a.arch == Arch::KimiLinear {
         bail!("--arch kimi_linear has no bench preset: choose kimi_k3, gpt_oss, deepseek_v3 or kimi_k2");
     }
-    let dir = bench_model(&cache, a.arch)?;
+    let dir = cached_model(&cache, a.arch, Preset::Bench)?;
     // The probe reads in the model's own record size.
     let record = Model::load_with(&dir, &StoreArgs::default().load_options(&dir)?)?
         .store()
@@ -243,18 +243,35 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `arch`'s bench model (4-10 GB) in `cache`, created on first use.
-fn bench_model(cache: &Path, arch: Arch) -> Result<PathBuf> {
-    let dir = cache.join(format!("{}-bench-seed0", arch.name()));
-    if !dir.join("config.json").exists() {
-        eprintln!(
-            "creating the bench model (4-10 GB) in {} ...",
-            dir.display()
-        );
-        crate::create_atomically(&dir, |tmp| {
-            make_model(arch, Preset::Bench, 0, tmp).map(|_| ())
-        })?;
+/// The seed-0 model of `arch` and `preset` (the bench presets: 4-10 GB) in `cache`, created on first use,
+/// and again where the one there was made by an earlier version of the preset (its config.json differs),
+/// so a changed preset is never measured on its old shape.
+fn cached_model(cache: &Path, arch: Arch, preset: Preset) -> Result<PathBuf> {
+    let dir = cache.join(format!("{}-{}-seed0", arch.name(), preset.name()));
+    let config = dir.join("config.json");
+    let want = config_json(arch, preset)?;
+    match std::fs::read_to_string(&config) {
+        Ok(have) if have == want => return Ok(dir),
+        Ok(_) => {
+            eprintln!(
+                "{} was made by an earlier {} {} preset (its config.json differs from docs/presets.md's); \
+                 removing it to make it again",
+                dir.display(),
+                arch.name(),
+                preset.name()
+            );
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot remove the outdated {}", dir.display()))?;
+        }
+        Err(_) => {}
     }
+    eprintln!(
+        "creating the {} {} model in {} ...",
+        arch.name(),
+        preset.name(),
+        dir.display()
+    );
+    crate::create_atomically(&dir, |tmp| make_model(arch, preset, 0, tmp).map(|_| ()))?;
     Ok(dir)
 }
 
@@ -523,19 +540,7 @@ fn compute_preset(s: &str) -> Result<Preset> {
 
 /// Prefill and decode on `a.preset` with all experts in the RAM cache: the compute path alone.
 fn compute_bench(cache: &Path, a: &BenchArgs) -> Result<()> {
-    let dir = match a.preset {
-        Preset::Bench => bench_model(cache, Arch::KimiK3)?,
-        p => {
-            let dir = cache.join(format!("kimi_k3-{}-seed0", p.name()));
-            if !dir.join("config.json").exists() {
-                eprintln!("creating the {} model in {} ...", p.name(), dir.display());
-                crate::create_atomically(&dir, |tmp| {
-                    make_model(Arch::KimiK3, p, 0, tmp).map(|_| ())
-                })?;
-            }
-            dir
-        }
-    };
+    let dir = cached_model(cache, Arch::KimiK3, a.preset)?;
     // Room for every record, so the warm-up run leaves each expert cached.
     let plain = StoreArgs::default();
     let needs = deltafin_models::memory_needs(&dir, &plain.load_options(&dir)?.store)?;
@@ -690,7 +695,7 @@ impl ReadProbe {
 fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
     // Before creating 10 GB for nothing.
     deltafin_cuda::availability().context("--device cuda")?;
-    let dir = bench_model(cache, Arch::KimiK3)?;
+    let dir = cached_model(cache, Arch::KimiK3, Preset::Bench)?;
     // The RAM expert cache holds every expert (about 10 GB), and from it the VRAM cache.
     let store = StoreArgs {
         expert_cache: Some("12G".into()),
@@ -742,4 +747,31 @@ fn gpu_bench(cache: &Path, a: &BenchArgs, ordinal: usize) -> Result<()> {
     );
     print_runs(a, prompt.len());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model made by an earlier version of a preset is made again, not measured on its old shape.
+    #[test]
+    fn a_cached_model_of_an_older_preset_is_made_again() {
+        let cache = tempfile::tempdir().unwrap();
+        let dir = cached_model(cache.path(), Arch::GptOss, Preset::Tiny).unwrap();
+        let config = dir.join("config.json");
+        let want = std::fs::read_to_string(&config).unwrap();
+        let older = want.replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 2");
+        assert_ne!(older, want);
+        std::fs::write(&config, older).unwrap();
+        std::fs::write(dir.join("stale"), "").unwrap();
+        assert_eq!(
+            cached_model(cache.path(), Arch::GptOss, Preset::Tiny).unwrap(),
+            dir
+        );
+        assert_eq!(std::fs::read_to_string(&config).unwrap(), want);
+        assert!(
+            !dir.join("stale").exists(),
+            "the old directory was replaced"
+        );
+    }
 }

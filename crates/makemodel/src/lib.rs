@@ -465,8 +465,34 @@ fn kimi_linear_config(d: &Dims) -> Value {
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, json_text(value)?).with_context(|| format!("writing {}", path.display()))
+}
+
+fn json_text(value: &Value) -> Result<String> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
+}
+
+/// The exact text of the config.json that [`make_model`] writes for `arch` and `preset`: a made checkpoint
+/// whose config.json differs was made by an earlier version of the preset (`deltafin bench` makes it again).
+pub fn config_json(arch: Arch, preset: Preset) -> Result<String> {
+    let config = match arch {
+        Arch::KimiK3 => {
+            let (d, k) = k3_dims(preset);
+            k3_config(&d, &k)
+        }
+        Arch::KimiLinear if matches!(preset, Preset::Bench | Preset::Wide) => {
+            bail!("the {} preset exists for kimi_k3 only", preset.name())
+        }
+        Arch::KimiLinear => kimi_linear_config(&kimi_linear_dims(preset)),
+        Arch::GptOss => gpt_oss::config(&gpt_oss::dims(preset)?),
+        Arch::DeepseekV3 | Arch::KimiK2 => deepseek::config(
+            arch,
+            &deepseek::dims(arch, preset)?,
+            Quant::default_for(arch),
+        ),
+        Arch::Qwen3Moe => qwen3_moe::config(&qwen3_moe::dims(preset)?),
+    };
+    json_text(&config)
 }
 
 /// Writes a complete checkpoint directory at `out`: config.json, generation_config.json, the tokenizer
@@ -631,6 +657,29 @@ fn write_weights(layout: Layout, preset: Preset, seed: u64, out: &Path) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`config_json`] is byte for byte what [`make_model`] writes, for every family.
+    #[test]
+    fn config_json_is_what_make_model_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        for arch in [
+            Arch::KimiK3,
+            Arch::KimiLinear,
+            Arch::GptOss,
+            Arch::DeepseekV3,
+            Arch::KimiK2,
+            Arch::Qwen3Moe,
+        ] {
+            let out = tmp.path().join(arch.name());
+            make_model(arch, Preset::Tiny, 0, &out).unwrap();
+            assert_eq!(
+                std::fs::read_to_string(out.join("config.json")).unwrap(),
+                config_json(arch, Preset::Tiny).unwrap(),
+                "{}",
+                arch.name()
+            );
+        }
+    }
 
     /// `wide` has the widths of docs/k3-model-contract.md's text_config (typed out here from the contract),
     /// KDA, MLA and MoE layers, and stays a few GB.
