@@ -250,10 +250,17 @@ impl Reads {
     }
 }
 
+/// The most tokens a drafting model that fell behind reads to catch up. Where guessing does not pay, the cost
+/// model checks a guess only every 32–256 steps; reading every token in between cost the built-in drafter
+/// 70 ms of a 0.48 s decode (BENCHMARKS.md, "Stop 26"). It starts again on the latest tokens instead: its
+/// guesses may be worse, never the output, which the target checks. (8 measured no better than 32 and cost
+/// acceptance where guessing pays.)
+const CATCH_UP_MOST: usize = 32;
+
 /// Brings a drafting model's session to the end of `history`: lazily, when it next guesses, so plain steps
-/// cost the drafter nothing, and from the furthest state its last guesses reached along it. A history that
-/// does not extend what it consumed is a new sequence (the next generation on a reused drafter), which it
-/// starts afresh.
+/// cost the drafter nothing, and from the furthest state its last guesses reached along it — or, more than
+/// [`CATCH_UP_MOST`] tokens behind, from the latest of them. A history that does not extend what it consumed
+/// is a new sequence (the next generation on a reused drafter), which it starts afresh with the whole prompt.
 fn follow<D: Backend>(
     model: &D,
     session: &mut D::Session,
@@ -281,10 +288,54 @@ fn follow<D: Backend>(
         *session = state;
         consumed.extend_from_slice(&rest[..reached]);
     }
-    let rest = &history[consumed.len()..];
+    let mut rest = &history[consumed.len()..];
+    if !consumed.is_empty() && rest.len() > CATCH_UP_MOST {
+        *session = model.new_session()?;
+        rest = &rest[rest.len() - CATCH_UP_MOST..];
+        consumed.clear();
+        consumed.extend_from_slice(&history[..history.len() - CATCH_UP_MOST]);
+    }
     if !rest.is_empty() {
         model.forward(session, rest, LogitRows::Last, stats)?;
         consumed.extend_from_slice(rest);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltafin_makemodel::{make_model, Arch, Preset};
+
+    fn drafter_position(d: &Draft<Model>) -> usize {
+        match &d.source {
+            Source::Model { model, session, .. } => model.position(session),
+            Source::Ngram => unreachable!("a model drafts here"),
+        }
+    }
+
+    #[test]
+    fn a_drafter_far_behind_catches_up_on_the_latest_tokens_only() {
+        let dir = tempfile::tempdir().unwrap();
+        make_model(Arch::KimiK3, Preset::Tiny, 0, dir.path()).unwrap();
+        let m = Arc::new(Model::load(dir.path()).unwrap());
+        let mut d = Draft::new(Guesser::Model(m.clone()), &*m, 2).unwrap();
+        // The first guess reads the whole prompt, however long, and the first token after it.
+        let mut history: Vec<u32> = (0..40).map(|i| 5 + i % 50).collect();
+        d.guess(&history, 3, 2).unwrap();
+        assert_eq!(drafter_position(&d), 41);
+        // Fewer than CATCH_UP_MOST tokens behind (the first guess's token, then three more): it reads them.
+        history.extend([3, 9, 11, 12]);
+        d.guess(&history, 4, 2).unwrap();
+        assert_eq!(drafter_position(&d), 45);
+        // 100 tokens behind: it starts again on the latest CATCH_UP_MOST of them.
+        history.push(4);
+        history.extend((0..100).map(|i| 7 + i % 30));
+        d.guess(&history, 6, 2).unwrap();
+        assert_eq!(drafter_position(&d), CATCH_UP_MOST + 1);
+        // And follows the sequence from there.
+        history.extend([6, 8]);
+        d.guess(&history, 9, 2).unwrap();
+        assert_eq!(drafter_position(&d), CATCH_UP_MOST + 3);
+    }
 }
