@@ -182,10 +182,16 @@ impl<D: Backend> Draft<D> {
                 consumed,
                 ahead,
             } => {
-                follow(&**model, session, consumed, ahead, history, &self.stats)?;
                 // `first` is taken whatever the check says: the session itself consumes it.
-                let logits = model.forward(session, &[first], LogitRows::Last, &self.stats)?;
-                consumed.push(first);
+                let logits = follow(
+                    &**model,
+                    session,
+                    consumed,
+                    ahead,
+                    history,
+                    first,
+                    &self.stats,
+                )?;
                 let mut next = argmax(&logits);
                 let mut out = vec![next];
                 let mut s = model.fork(session)?;
@@ -257,18 +263,22 @@ impl Reads {
 /// acceptance where guessing pays.)
 const CATCH_UP_MOST: usize = 32;
 
-/// Brings a drafting model's session to the end of `history`: lazily, when it next guesses, so plain steps
-/// cost the drafter nothing, and from the furthest state its last guesses reached along it — or, more than
-/// [`CATCH_UP_MOST`] tokens behind, from the latest of them. A history that does not extend what it consumed
-/// is a new sequence (the next generation on a reused drafter), which it starts afresh with the whole prompt.
+/// Brings a drafting model's session to the end of `history` and then `first`, returning the logits after
+/// `first`: lazily, when it next guesses, so plain steps cost the drafter nothing, and from the furthest state
+/// its last guesses reached along it — or, more than [`CATCH_UP_MOST`] tokens behind, from the latest of them.
+/// The tokens it had not read and `first` go through one pass (rows of a pass compute the same bits as one at a
+/// time; a pass each cost the built-in drafter twice its per-pass overhead). A history that does not extend
+/// what it consumed is a new sequence (the next generation on a reused drafter), which it starts afresh with
+/// the whole prompt.
 fn follow<D: Backend>(
     model: &D,
     session: &mut D::Session,
     consumed: &mut Vec<u32>,
     ahead: &mut Vec<(u32, D::Session)>,
     history: &[u32],
+    first: u32,
     stats: &Stats,
-) -> Result<()> {
+) -> Result<Vec<f32>> {
     if !history.starts_with(consumed) {
         *session = model.new_session()?;
         consumed.clear();
@@ -295,11 +305,10 @@ fn follow<D: Backend>(
         consumed.clear();
         consumed.extend_from_slice(&history[..history.len() - CATCH_UP_MOST]);
     }
-    if !rest.is_empty() {
-        model.forward(session, rest, LogitRows::Last, stats)?;
-        consumed.extend_from_slice(rest);
-    }
-    Ok(())
+    let rows: Vec<u32> = rest.iter().copied().chain([first]).collect();
+    let logits = model.forward(session, &rows, LogitRows::Last, stats)?;
+    consumed.extend_from_slice(&rows);
+    Ok(logits)
 }
 
 #[cfg(test)]
