@@ -27,8 +27,8 @@ const MEMORY: f64 = 0.95;
 /// Steps after which a neighbour of the best k is tried instead, so that its cost and acceptance stay
 /// measured as they move (the cache warms, text turns repetitive): one guess after this many plain steps in a
 /// row — twice as many after each probe that changed nothing (once two rows are measured `PLAIN_FIRST`
-/// times), four times as many where guessing is predicted to lose clearly (below `CLEAR_LOSS` of plain speed),
-/// up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay (a check, and a drafting model's
+/// times), four times as many — and from the start — where guessing is predicted to lose clearly (below
+/// `CLEAR_LOSS` of plain speed), up to `PROBE_EVERY_MOST`, as a probe costs where guessing does not pay (a check, and a drafting model's
 /// catch-up: ~8 ms, 2% of a 300-token decode of the built-in model) — and every quarter as many steps one
 /// more or one fewer than the best when guessing.
 const PROBE_EVERY: usize = 32;
@@ -132,7 +132,9 @@ impl CostModel {
             return 0;
         }
         self.since_probe += 1;
-        let every = if best == 0 {
+        let every = if best == 0 && gain < CLEAR_LOSS {
+            self.plain_probe_every.max(4 * PROBE_EVERY)
+        } else if best == 0 {
             self.plain_probe_every
         } else {
             self.plain_probe_every = PROBE_EVERY;
@@ -468,13 +470,12 @@ mod tests {
         for _ in 0..3 {
             assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY));
         }
-        // Unless guessing clearly loses: a drafter as slow as a pass. Then four times as many, at once.
+        // Unless guessing clearly loses (a drafter as slow as a pass): then four times as many from the start.
         let mut m = measured(4, &[1.0, 2.0]);
         always_taken(&mut m, 1);
         for _ in 0..50 {
             m.guessed(1, 1.0);
         }
-        assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY));
         assert_eq!((1..).find(|_| m.choose(10) == 1), Some(4 * PROBE_EVERY));
         assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY_MOST));
     }
