@@ -464,6 +464,12 @@ fn kimi_linear_config(d: &Dims) -> Value {
     root
 }
 
+/// Creates the checkpoint directory `out` with its config.json.
+fn write_config(out: &Path, config: &Value) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    write_json(&out.join("config.json"), config)
+}
+
 fn write_json(path: &Path, value: &Value) -> Result<()> {
     std::fs::write(path, json_text(value)?).with_context(|| format!("writing {}", path.display()))
 }
@@ -475,24 +481,7 @@ fn json_text(value: &Value) -> Result<String> {
 /// The exact text of the config.json that [`make_model`] writes for `arch` and `preset`: a made checkpoint
 /// whose config.json differs was made by an earlier version of the preset (`deltafin bench` makes it again).
 pub fn config_json(arch: Arch, preset: Preset) -> Result<String> {
-    let config = match arch {
-        Arch::KimiK3 => {
-            let (d, k) = k3_dims(preset);
-            k3_config(&d, &k)
-        }
-        Arch::KimiLinear if matches!(preset, Preset::Bench | Preset::Wide) => {
-            bail!("the {} preset exists for kimi_k3 only", preset.name())
-        }
-        Arch::KimiLinear => kimi_linear_config(&kimi_linear_dims(preset)),
-        Arch::GptOss => gpt_oss::config(&gpt_oss::dims(preset)?),
-        Arch::DeepseekV3 | Arch::KimiK2 => deepseek::config(
-            arch,
-            &deepseek::dims(arch, preset)?,
-            Quant::default_for(arch),
-        ),
-        Arch::Qwen3Moe => qwen3_moe::config(&qwen3_moe::dims(preset)?),
-    };
-    json_text(&config)
+    json_text(&plan(arch, preset, 0, None)?.config)
 }
 
 /// Writes a complete checkpoint directory at `out`: config.json, generation_config.json, the tokenizer
@@ -511,49 +500,7 @@ pub fn make_padded_model(
     padding_rows: usize,
     out: &Path,
 ) -> Result<Summary> {
-    let (dims, config, layout) = match arch {
-        Arch::GptOss if padding_rows > 0 => {
-            bail!("gpt_oss has the released vocabulary (201088); it takes no padding rows")
-        }
-        Arch::DeepseekV3 | Arch::KimiK2 | Arch::Qwen3Moe if padding_rows > 0 => {
-            bail!("deepseek_v3, kimi_k2 and qwen3_moe take no padding rows (qwen3_moe's vocabulary has its own, as released)")
-        }
-        Arch::Qwen3Moe => {
-            let d = qwen3_moe::dims(preset)?;
-            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-            write_json(&out.join("config.json"), &qwen3_moe::config(&d))?;
-            qwen3_moe::write_tokenizer(&d, out).context("writing the tokenizer files")?;
-            return write_weights(qwen3_moe::layout(&d), preset, seed, out);
-        }
-        Arch::DeepseekV3 | Arch::KimiK2 => {
-            return make_deepseek_model(arch, preset, seed, Quant::default_for(arch), out)
-        }
-        Arch::GptOss => {
-            let d = gpt_oss::dims(preset)?;
-            std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-            write_json(&out.join("config.json"), &gpt_oss::config(&d))?;
-            gpt_oss::write_tokenizer(out).context("writing the tokenizer files")?;
-            return write_weights(gpt_oss::layout(&d), preset, seed, out);
-        }
-        Arch::KimiK3 => {
-            let (mut d, k) = k3_dims(preset);
-            d.padding_rows = padding_rows;
-            let (config, layout) = (k3_config(&d, &k), Layout::kimi_k3(&d, &k));
-            (d, config, layout)
-        }
-        Arch::KimiLinear if matches!(preset, Preset::Bench | Preset::Wide) => {
-            bail!("the {} preset exists for kimi_k3 only", preset.name())
-        }
-        Arch::KimiLinear => {
-            let mut d = kimi_linear_dims(preset);
-            d.padding_rows = padding_rows;
-            let (config, layout) = (kimi_linear_config(&d), Layout::kimi_linear(&d));
-            (d, config, layout)
-        }
-    };
-    let names = deltafin_tokenizer::k3_special_name;
-    write_k3_family_files(out, &config, dims.n_ranks, &dims.special_ids(), names)?;
-    write_weights(layout, preset, seed, out)
+    write_plan(plan(arch, preset, padding_rows, None)?, preset, seed, out)
 }
 
 /// A DeepSeek-V3 or Kimi K2 checkpoint (`arch`) with its linears stored as `quant`, like [`make_model`].
@@ -564,26 +511,134 @@ pub fn make_deepseek_model(
     quant: Quant,
     out: &Path,
 ) -> Result<Summary> {
+    write_plan(plan(arch, preset, 0, Some(quant))?, preset, seed, out)
+}
+
+/// What a made checkpoint is, but for its weights' bytes: config.json, the tensors, and its tokenizer files.
+/// [`config_json`] and the writers all start from here, so they cannot disagree.
+struct Plan {
+    config: Value,
+    layout: Layout,
+    tokenizer: TokenizerFiles,
+}
+
+enum TokenizerFiles {
+    /// A K3-family tiktoken tokenizer of `n_ranks` ranks, its specials called `names(k)`; generation_config.json
+    /// names `generation`; K2 has a chat template of its own.
+    K3Family {
+        n_ranks: usize,
+        generation: Vec<(&'static str, usize)>,
+        names: fn(u32) -> String,
+        chat_template: Option<&'static str>,
+    },
+    GptOss,
+    Qwen3Moe(qwen3_moe::Dims),
+}
+
+/// `arch` at `preset`, with `padding_rows` more vocabulary rows (the K3 family only) and, for DeepSeek-V3 and
+/// Kimi K2, its linears stored as `quant` (`None`: as released).
+fn plan(arch: Arch, preset: Preset, padding_rows: usize, quant: Option<Quant>) -> Result<Plan> {
     ensure!(
-        matches!(arch, Arch::DeepseekV3 | Arch::KimiK2),
-        "--quant applies to deepseek_v3 and kimi_k2 only; {arch:?} has one released format"
+        quant.is_none() || matches!(arch, Arch::DeepseekV3 | Arch::KimiK2),
+        "--quant applies to deepseek_v3 and kimi_k2 only; {} has one released format",
+        arch.name()
     );
-    let d = deepseek::dims(arch, preset)?;
-    let config = deepseek::config(arch, &d, quant);
-    let generation = deepseek::generation_ids(arch, &d);
-    write_k3_family_files(
-        out,
-        &config,
-        d.n_ranks,
-        &generation,
-        deepseek::special_name(arch),
-    )?;
-    if arch == Arch::KimiK2 {
-        let template = out.join("chat_template.jinja");
-        std::fs::write(&template, deepseek::K2_CHAT_TEMPLATE)
-            .with_context(|| format!("writing {}", template.display()))?;
+    match arch {
+        Arch::GptOss if padding_rows > 0 => {
+            bail!("gpt_oss has the released vocabulary (201088); it takes no padding rows")
+        }
+        Arch::DeepseekV3 | Arch::KimiK2 | Arch::Qwen3Moe if padding_rows > 0 => {
+            bail!("deepseek_v3, kimi_k2 and qwen3_moe take no padding rows (qwen3_moe's vocabulary has its own, as released)")
+        }
+        Arch::KimiLinear if matches!(preset, Preset::Bench | Preset::Wide) => {
+            bail!("the {} preset exists for kimi_k3 only", preset.name())
+        }
+        _ => {}
     }
-    write_weights(deepseek::layout(&d, quant), preset, seed, out)
+    let k3_family = |d: &Dims| TokenizerFiles::K3Family {
+        n_ranks: d.n_ranks,
+        generation: d.special_ids().to_vec(),
+        names: deltafin_tokenizer::k3_special_name,
+        chat_template: None,
+    };
+    Ok(match arch {
+        Arch::KimiK3 => {
+            let (mut d, k) = k3_dims(preset);
+            d.padding_rows = padding_rows;
+            Plan {
+                config: k3_config(&d, &k),
+                layout: Layout::kimi_k3(&d, &k),
+                tokenizer: k3_family(&d),
+            }
+        }
+        Arch::KimiLinear => {
+            let mut d = kimi_linear_dims(preset);
+            d.padding_rows = padding_rows;
+            Plan {
+                config: kimi_linear_config(&d),
+                layout: Layout::kimi_linear(&d),
+                tokenizer: k3_family(&d),
+            }
+        }
+        Arch::DeepseekV3 | Arch::KimiK2 => {
+            let quant = quant.unwrap_or(Quant::default_for(arch));
+            let d = deepseek::dims(arch, preset)?;
+            Plan {
+                config: deepseek::config(arch, &d, quant),
+                layout: deepseek::layout(&d, quant),
+                tokenizer: TokenizerFiles::K3Family {
+                    n_ranks: d.n_ranks,
+                    generation: deepseek::generation_ids(arch, &d).to_vec(),
+                    names: deepseek::special_name(arch),
+                    chat_template: (arch == Arch::KimiK2).then_some(deepseek::K2_CHAT_TEMPLATE),
+                },
+            }
+        }
+        Arch::GptOss => {
+            let d = gpt_oss::dims(preset)?;
+            Plan {
+                config: gpt_oss::config(&d),
+                layout: gpt_oss::layout(&d),
+                tokenizer: TokenizerFiles::GptOss,
+            }
+        }
+        Arch::Qwen3Moe => {
+            let d = qwen3_moe::dims(preset)?;
+            Plan {
+                config: qwen3_moe::config(&d),
+                layout: qwen3_moe::layout(&d),
+                tokenizer: TokenizerFiles::Qwen3Moe(d),
+            }
+        }
+    })
+}
+
+/// Writes `plan`'s checkpoint at `out`: config.json and the tokenizer files, then the weights.
+fn write_plan(plan: Plan, preset: Preset, seed: u64, out: &Path) -> Result<Summary> {
+    match &plan.tokenizer {
+        TokenizerFiles::K3Family {
+            n_ranks,
+            generation,
+            names,
+            chat_template,
+        } => {
+            write_k3_family_files(out, &plan.config, *n_ranks, generation, *names)?;
+            if let Some(template) = chat_template {
+                let path = out.join("chat_template.jinja");
+                std::fs::write(&path, template)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        TokenizerFiles::GptOss => {
+            write_config(out, &plan.config)?;
+            gpt_oss::write_tokenizer(out).context("writing the tokenizer files")?;
+        }
+        TokenizerFiles::Qwen3Moe(d) => {
+            write_config(out, &plan.config)?;
+            qwen3_moe::write_tokenizer(d, out).context("writing the tokenizer files")?;
+        }
+    }
+    write_weights(plan.layout, preset, seed, out)
 }
 
 /// config.json, generation_config.json with `special_ids`, and a K3-family tiktoken tokenizer of `n_ranks`
@@ -601,8 +656,7 @@ fn write_k3_family_files(
         "BPE training on the built-in corpus gave {} ranks, but this preset needs {n_ranks}",
         ranks.len(),
     );
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    write_json(&out.join("config.json"), config)?;
+    write_config(out, config)?;
     let mut generation = json!({"do_sample": false});
     for (key, id) in special_ids {
         generation[*key] = json!(id);
