@@ -34,6 +34,12 @@ const MEMORY: f64 = 0.95;
 const PROBE_EVERY: usize = 32;
 const PROBE_EVERY_MOST: usize = 256;
 const CLEAR_LOSS: f64 = 0.8;
+/// And never more often than keeps probes within this share of the decode time, by what a probe (a pass of two
+/// rows and a guess) costs over a plain step as measured: where a plain step is cheap against the drafter — a
+/// GPU step of 0.35 ms against a CPU drafter's 32-token catch-up of ~9 ms — probes are rarer than the back-off
+/// alone would make them (up to `PROBE_COST_MOST` plain steps apart).
+const PROBE_SHARE: f64 = 1.0 / 32.0;
+const PROBE_COST_MOST: usize = 4096;
 
 /// What one decode pass cost, measured around it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,7 +116,13 @@ impl CostModel {
         if best_gain <= 1.0 {
             best = 0;
         }
-        self.probe(best, best_gain, room.min(self.accept.len()))
+        let n = self.samples(2);
+        let plain = self.estimate(1, n);
+        let probe_extra = (self.estimate(2, n) + self.guess - plain) / plain;
+        let apart = (probe_extra / PROBE_SHARE)
+            .ceil()
+            .clamp(0.0, PROBE_COST_MOST as f64) as usize;
+        self.probe(best, best_gain, apart, room.min(self.accept.len()))
     }
 
     /// Latest passes per row count that estimates up to `rows` rows compare: the fewest any measured row count
@@ -126,16 +138,17 @@ impl CostModel {
     }
 
     /// `best`, or — every so often — a neighbour of it up to `most`. `gain`: the best guessing k's predicted
-    /// speed relative to plain steps.
-    fn probe(&mut self, best: usize, gain: f64, most: usize) -> usize {
+    /// speed relative to plain steps; `apart`: the fewest plain steps between probes that keeps them within
+    /// `PROBE_SHARE` of the time.
+    fn probe(&mut self, best: usize, gain: f64, apart: usize, most: usize) -> usize {
         if most == 0 {
             return 0;
         }
         self.since_probe += 1;
         let every = if best == 0 && gain < CLEAR_LOSS {
-            self.plain_probe_every.max(4 * PROBE_EVERY)
+            self.plain_probe_every.max(4 * PROBE_EVERY).max(apart)
         } else if best == 0 {
-            self.plain_probe_every
+            self.plain_probe_every.max(apart)
         } else {
             self.plain_probe_every = PROBE_EVERY;
             PROBE_EVERY / 4
@@ -454,7 +467,6 @@ mod tests {
     fn plain_probes_back_off_while_guessing_does_not_pay() {
         let mut m = measured(4, &[1.0, 2.0]);
         always_taken(&mut m, 1);
-        m.guessed(1, 0.1);
         assert_eq!(m.choose(10), 0);
         // Until the probe after PROBE_EVERY plain steps; the next comes after twice as many.
         let first = (2..).find(|_| m.choose(10) == 1);
@@ -478,6 +490,15 @@ mod tests {
         }
         assert_eq!((1..).find(|_| m.choose(10) == 1), Some(4 * PROBE_EVERY));
         assert_eq!((1..).find(|_| m.choose(10) == 1), Some(PROBE_EVERY_MOST));
+        // A drafter that costs 30 plain steps a guess (a CPU drafter against GPU steps): probes stay within
+        // PROBE_SHARE of the time, (2 + 30 - 1) / PROBE_SHARE = 992 plain steps apart.
+        let mut m = measured(4, &[1.0, 2.0]);
+        always_taken(&mut m, 1);
+        for _ in 0..100 {
+            m.guessed(1, 30.0);
+        }
+        assert_eq!((1..).find(|_| m.choose(10) == 1), Some(992));
+        assert_eq!((1..).find(|_| m.choose(10) == 1), Some(992));
     }
 
     #[test]
