@@ -116,13 +116,18 @@ impl CostModel {
         if best_gain <= 1.0 {
             best = 0;
         }
+        self.probe(best, best_gain, room.min(self.accept.len()))
+    }
+
+    /// The fewest plain steps between probes that keeps them within `PROBE_SHARE` of the time: what a probe (a
+    /// pass of two rows and a guess) costs over a plain step, in plain steps, over the share.
+    fn probes_apart(&self) -> usize {
         let n = self.samples(2);
         let plain = self.estimate(1, n);
-        let probe_extra = (self.estimate(2, n) + self.guess - plain) / plain;
-        let apart = (probe_extra / PROBE_SHARE)
+        let extra = (self.estimate(2, n) + self.guess - plain) / plain;
+        (extra / PROBE_SHARE)
             .ceil()
-            .clamp(0.0, PROBE_COST_MOST as f64) as usize;
-        self.probe(best, best_gain, apart, room.min(self.accept.len()))
+            .clamp(0.0, PROBE_COST_MOST as f64) as usize
     }
 
     /// Latest passes per row count that estimates up to `rows` rows compare: the fewest any measured row count
@@ -138,17 +143,21 @@ impl CostModel {
     }
 
     /// `best`, or — every so often — a neighbour of it up to `most`. `gain`: the best guessing k's predicted
-    /// speed relative to plain steps; `apart`: the fewest plain steps between probes that keeps them within
-    /// `PROBE_SHARE` of the time.
-    fn probe(&mut self, best: usize, gain: f64, apart: usize, most: usize) -> usize {
+    /// speed relative to plain steps.
+    fn probe(&mut self, best: usize, gain: f64, most: usize) -> usize {
         if most == 0 {
             return 0;
         }
         self.since_probe += 1;
-        let every = if best == 0 && gain < CLEAR_LOSS {
-            self.plain_probe_every.max(4 * PROBE_EVERY).max(apart)
-        } else if best == 0 {
-            self.plain_probe_every.max(apart)
+        let every = if best == 0 {
+            let clear_loss_floor = if gain < CLEAR_LOSS {
+                4 * PROBE_EVERY
+            } else {
+                0
+            };
+            self.plain_probe_every
+                .max(clear_loss_floor)
+                .max(self.probes_apart())
         } else {
             self.plain_probe_every = PROBE_EVERY;
             PROBE_EVERY / 4
