@@ -467,23 +467,51 @@ extern "C" __global__ void attn_res_mix(const float* anchors, int na, const floa
     rms_row(o_row, norm_w, o_row, hd, eps);
 }
 
+// Most taps of the KDA short convolution the kernel holds in registers (the host checks).
+#define KDA_KERN_MAX 8
+
+// Row t's inputs to the KDA recurrence for channel c of head h: its three projections, raw decay, write
+// strength and pre-sigmoid output gate.
+__device__ __forceinline__ void kda_row_inputs(const float* q, const float* k, const float* v, const float* g,
+                                               const float* beta, const float* gate, int t, int w, int c, int heads,
+                                               int h, float* x, float& gr, float& br, float& orw) {
+    size_t at = (size_t)t * w + c;
+    x[0] = q[at];
+    x[1] = k[at];
+    x[2] = v[at];
+    gr = g[at];
+    br = beta[(size_t)t * heads + h];
+    orw = gate[at];
+}
+
+// A thread's three conv windows into a [3][w][kern - 1] copy.
+__device__ __forceinline__ void store_windows(float* dst, const float (&win)[3][KDA_KERN_MAX - 1], int w, int c,
+                                              int kern) {
+#pragma unroll
+    for (int p = 0; p < 3; p++)
+#pragma unroll
+        for (int jj = 0; jj < KDA_KERN_MAX - 1; jj++)
+            if (jj < kern - 1) dst[((size_t)p * w + c) * (kern - 1) + jj] = win[p][jj];
+}
+
 // The KDA recurrence over n rows in order, one block per head, one thread per channel (blockDim == dim).
-// q, k, v: [n][w] projections (overwritten by their conv+SiLU values); conv: 3 windows [w][kern-1];
+// q, k, v: [n][w] projections; conv: 3 windows [w][kern-1];
 // S: [heads][dim][dim]; g, beta: [n][w], [n][heads] raw decay and write strength; gate: [n][w] pre-sigmoid
 // output gate; out: [n][w]. kind 0 (K3) or 1 (Kimi Linear) picks the decay and the q/k normalisation.
 // The session keeps two copies of conv and S: a pass over its positions *pos .. *pos + n reads the copy of
 // parity *pos and writes that of parity *pos + n, so a one-row step leaves the state before it intact (a
 // decode step run ahead on the device's own choice can be taken back).
 // The head's state is read into shared memory before the wait (no kernel of the pass writes it but this one)
-// and written back once at the end, so its read-modify-writes per row cost no round trips to global memory.
+// and written back once at the end, and each thread's conv windows stay in registers, so the rows' updates
+// cost no round trips to global memory.
 // keep (null: none): a checking pass's snapshots, [n - 1][S, conv] in S's and conv's layouts: the state after
 // each row but the last, from which a rollback restores the state after any row without running the model.
 // Dynamic shared memory: (dim + 4) · dim floats.
-extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const float* g, const float* beta,
-                                          const float* gate, const float* dt_bias, const float* a_log,
-                                          float lower, const float* conv_w, float* conv_state, float* S,
-                                          float* keep, const u32* pos, const float* o_norm, float* out, int n, int heads,
-                                          int dim, int kern, int kind, float eps) {
+extern "C" __global__ void kda_recurrence(const float* q, const float* k, const float* v, const float* g,
+                                          const float* beta, const float* gate, const float* dt_bias,
+                                          const float* a_log, float lower, const float* conv_w, float* conv_state,
+                                          float* S, float* keep, const u32* pos, const float* o_norm, float* out,
+                                          int n, int heads, int dim, int kern, int kind, float eps) {
     pdl_launch_next();
     extern __shared__ float sh[];
     float* qs = sh;            // dim
@@ -501,36 +529,51 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
     const float* Sh = S + from * s_len + (size_t)h * dim * dim;
 #pragma unroll 8
     for (int i = 0; i < dim; i++) Ss[i * dim + j] = Sh[(size_t)i * dim + j];
-    // This thread's windows move to the copy written, where the rows below update them.
-    if (from != to)
-        for (int p = 0; p < 3; p++)
-            for (int jj = 0; jj < kern - 1; jj++) {
-                size_t at = ((size_t)p * w + c) * (kern - 1) + jj;
-                conv_state[to * conv_len + at] = conv_state[from * conv_len + at];
-            }
-    conv_state += to * conv_len;
-    pdl_wait();
-    float scale = 1.0f / sqrtf((float)dim);
-    for (int t = 0; t < n; t++) {
-        float* proj[3] = {q + (size_t)t * w, k + (size_t)t * w, v + (size_t)t * w};
-        // 2. causal short conv, then SiLU.
-        for (int p = 0; p < 3; p++) {
-            const float* wt = conv_w + ((size_t)p * w + c) * kern;
-            float* win = conv_state + ((size_t)p * w + c) * (kern - 1);
-            float xv = proj[p][c];
-            float acc = 0.0f;
-            for (int jj = 0; jj < kern - 1; jj++) acc += wt[jj] * win[jj];
-            acc += wt[kern - 1] * xv;
-            for (int jj = 0; jj + 1 < kern - 1; jj++) win[jj] = win[jj + 1];
-            if (kern > 1) win[kern - 2] = xv;
-            proj[p][c] = siluf_(acc);
+    // This thread's three conv windows and weights live in registers for the whole pass (indices are
+    // constants after unrolling; entries at or past kern − 1 are unused).
+    float win[3][KDA_KERN_MAX - 1], wt[3][KDA_KERN_MAX];
+#pragma unroll
+    for (int p = 0; p < 3; p++) {
+#pragma unroll
+        for (int jj = 0; jj < KDA_KERN_MAX; jj++) {
+            if (jj < kern) wt[p][jj] = conv_w[((size_t)p * w + c) * kern + jj];
+            if (jj < kern - 1) win[p][jj] = conv_state[from * conv_len + ((size_t)p * w + c) * (kern - 1) + jj];
         }
-        qs[j] = proj[0][c];
-        ks[j] = proj[1][c];
+    }
+    float ea = expf(a_log[h]), ow = o_norm[j], bias = dt_bias[c];
+    float scale = 1.0f / sqrtf((float)dim);
+    pdl_wait();
+    // Every input of row t that no row writes is loaded before the row's stores (and row t + 1's are in flight
+    // while row t runs): the stores could alias them, so loads after a store would each wait a round trip.
+    float xv[3], graw, braw, oraw;
+    kda_row_inputs(q, k, v, g, beta, gate, 0, w, c, heads, h, xv, graw, braw, oraw);
+    for (int t = 0; t < n; t++) {
+        float nx[3] = {0.0f, 0.0f, 0.0f}, ng = 0.0f, nb = 0.0f, no = 0.0f;
+        if (t + 1 < n) kda_row_inputs(q, k, v, g, beta, gate, t + 1, w, c, heads, h, nx, ng, nb, no);
+        // 2. causal short conv, then SiLU.
+        float cv[3];
+#pragma unroll
+        for (int p = 0; p < 3; p++) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < KDA_KERN_MAX - 1; jj++)
+                if (jj < kern - 1) acc += wt[p][jj] * win[p][jj];
+#pragma unroll
+            for (int jj = 0; jj < KDA_KERN_MAX; jj++)
+                if (jj == kern - 1) acc += wt[p][jj] * xv[p];
+#pragma unroll
+            for (int jj = 0; jj < KDA_KERN_MAX - 1; jj++) {
+                if (jj + 1 < kern - 1) win[p][jj] = win[p][jj + 1];
+                else if (jj == kern - 2) win[p][jj] = xv[p];
+            }
+            cv[p] = siluf_(acc);
+        }
+        qs[j] = cv[0];
+        ks[j] = cv[1];
         // 5. decay: lower·sigmoid(exp(A_log[h])·raw) (kind 0) or −exp(A_log[h])·softplus(raw) (kind 1),
         // raw = g + dt_bias.
-        float raw = g[(size_t)t * w + c] + dt_bias[c];
-        float gt = kind == 0 ? lower * sigmoidf_(expf(a_log[h]) * raw) : -expf(a_log[h]) * softplusf_(raw);
+        float raw = graw + bias;
+        float gt = kind == 0 ? lower * sigmoidf_(ea * raw) : -ea * softplusf_(raw);
         ds[j] = expf(gt);
         __syncthreads();
         // 3. per-head L2 normalisation (sum of squares left to right, like the CPU).
@@ -546,23 +589,41 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
         ks[j] *= red[1];
         __syncthreads();
         // 6. S ← S ⊙ exp(g)[:,None]; δ = v − Sᵀk; S ← S + (β·k) ⊗ δ; o = Sᵀq (column j of S per thread, which
-        // this thread alone touches).
-        float d = proj[2][c];
+        // this thread alone touches). Eight rows of S at a time are loaded before they are stored.
+        float d = cv[2];
         float* col = Ss + j;
-#pragma unroll 8
-        for (int i = 0; i < dim; i++) {
-            float s = col[i * dim] * ds[i];
-            col[i * dim] = s;
-            d -= s * ks[i];
+        for (int i0 = 0; i0 < dim; i0 += 8) {
+            float sv[8], dv[8], kv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                sv[u] = col[(i0 + u) * dim];
+                dv[u] = ds[i0 + u];
+                kv[u] = ks[i0 + u];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                float s = sv[u] * dv[u];
+                col[(i0 + u) * dim] = s;
+                d -= s * kv[u];
+            }
         }
-        float bt = sigmoidf_(beta[(size_t)t * heads + h]);  // 4. β
+        float bt = sigmoidf_(braw);  // 4. β
         float o = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < dim; i++) {
-            float bk = bt * ks[i];
-            float s = col[i * dim] + bk * d;
-            col[i * dim] = s;
-            o += s * qs[i];
+        for (int i0 = 0; i0 < dim; i0 += 8) {
+            float sv[8], kv[8], qv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                sv[u] = col[(i0 + u) * dim];
+                kv[u] = ks[i0 + u];
+                qv[u] = qs[i0 + u];
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                float bk = bt * kv[u];
+                float s = sv[u] + bk * d;
+                col[(i0 + u) * dim] = s;
+                o += s * qv[u];
+            }
         }
         os[j] = o;
         __syncthreads();
@@ -572,21 +633,23 @@ extern "C" __global__ void kda_recurrence(float* q, float* k, float* v, const fl
             if (j == 0) red[0] = inv_rms(ss, dim, eps);
         }
         __syncthreads();
-        float r = o_norm[j] * (o * red[0]);
-        out[(size_t)t * w + c] = r * sigmoidf_(gate[(size_t)t * w + c]);
+        float r = ow * (o * red[0]);
+        out[(size_t)t * w + c] = r * sigmoidf_(oraw);
         // This thread's column of S and its windows, which it alone writes.
         if (keep && t + 1 < n) {
             float* kt = keep + (size_t)t * (s_len + conv_len);
 #pragma unroll 8
             for (int i = 0; i < dim; i++) kt[(size_t)h * dim * dim + (size_t)i * dim + j] = col[i * dim];
-            for (int p = 0; p < 3; p++)
-                for (int jj = 0; jj < kern - 1; jj++) {
-                    size_t at = ((size_t)p * w + c) * (kern - 1) + jj;
-                    kt[s_len + at] = conv_state[at];
-                }
+            store_windows(kt + s_len, win, w, c, kern);
         }
         __syncthreads();
+#pragma unroll
+        for (int p = 0; p < 3; p++) xv[p] = nx[p];
+        graw = ng;
+        braw = nb;
+        oraw = no;
     }
+    store_windows(conv_state + to * conv_len, win, w, c, kern);
     float* St = S + to * s_len + (size_t)h * dim * dim;
 #pragma unroll 8
     for (int i = 0; i < dim; i++) St[(size_t)i * dim + j] = Ss[i * dim + j];

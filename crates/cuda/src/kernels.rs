@@ -111,6 +111,9 @@ impl ExpertVariant {
     }
 }
 
+/// The most taps of a KDA short convolution `kda_recurrence` holds in registers (kernels.cu KDA_KERN_MAX).
+pub(crate) const KDA_KERN_MAX: usize = 8;
+
 /// Dynamic shared memory of a `kda_recurrence` block: the head's state (dim × dim) and four vectors of dim.
 pub(crate) fn kda_smem(dim: usize) -> usize {
     (dim + 4) * dim * 4

@@ -8,7 +8,7 @@ use super::spine::{
     At, Attn, Base, Ffn, Gqa, Kda, Layer, Lin, Mla, Mlp, Moe, OutGate, QPath, Streamed,
 };
 use crate::gpu::{par_copy, DevBuf, Doing, Gpu, Pinned};
-use crate::kernels::{kda_smem, Act, KdaKind, GQA_THREADS};
+use crate::kernels::{kda_smem, Act, KdaKind, GQA_THREADS, KDA_KERN_MAX};
 use crate::plan::{attn_res_values, plan_spine, Ring, SlotCache, MIX_VALUES};
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::{result as cu, sys};
@@ -419,8 +419,9 @@ impl CudaModel {
                         let Some((kind, lower)) = KdaKind::of(k) else {
                             bail!("the CUDA KDA kernel computes K3's and Kimi Linear's gates, not {:?} with {:?}: run this model on the CPU", k.decay, k.qk_norm);
                         };
-                        if dim % 32 != 0 || dim > 1024 || kern == 0 {
-                            bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a conv kernel");
+                        if dim % 32 != 0 || dim > 1024 || !(1..=KDA_KERN_MAX).contains(&kern) {
+                            bail!("the CUDA KDA kernel needs head_dim a multiple of 32 up to 1024 (got {dim}) and a short \
+                                   convolution of 1 to {KDA_KERN_MAX} taps (got {kern}): run this model on the CPU");
                         }
                         // The recurrence holds a head's state and four of its vectors in shared memory.
                         let smem = kda_smem(dim);
