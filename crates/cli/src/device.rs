@@ -218,6 +218,10 @@ impl Backend for Timed<'_> {
         Ok(logits)
     }
 
+    fn runs_ahead_on(&self, session: &CudaSession, token: u32) -> bool {
+        self.model.runs_ahead_on(session, token)
+    }
+
     fn forward_batch(
         &self,
         batch: &mut [deltafin_models::Pass<'_, CudaSession>],

@@ -306,9 +306,9 @@ impl<B: Backend> Generation<B> {
         let mut next = self.plan_speculative(model, draft, prefill_chunk, &mut on_token)?;
         while let Some(p) = next {
             let logits = if p.decode_step() {
-                // A step run ahead would be thrown away by a checking pass after it: only while the cost
-                // model guesses nothing is the next step likely plain too.
-                let ahead = self.runs_ahead() && !draft.guessing();
+                // A step run ahead would be thrown away by a checking pass after it: it runs unless the next
+                // step is expected to check guesses (a check that finds it running takes it over instead).
+                let ahead = self.runs_ahead() && !draft.expects_guesses();
                 model.decode(&mut self.session, p.tokens[0], ahead, stats)?
             } else {
                 model.forward(&mut self.session, &p.tokens, p.rows, stats)?
@@ -342,7 +342,8 @@ impl<B: Backend> Generation<B> {
         let Some(first) = self.choose(t0, &mut on_token) else {
             return Ok(None);
         };
-        let guesses = draft.guess(&self.history, first, guesses)?;
+        let ahead = model.runs_ahead_on(&self.session, first);
+        let guesses = draft.guess(&self.history, first, guesses, ahead)?;
         let mut tokens = vec![first];
         tokens.extend_from_slice(&guesses);
         let kind = if guesses.is_empty() {

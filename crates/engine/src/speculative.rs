@@ -98,6 +98,9 @@ pub struct Draft<D: Backend> {
     pub drafting_secs: f64,
     /// Guesses the last step chose to check.
     last_choice: usize,
+    /// Guesses a step chose but could not check, as the backend was already running that step ahead on its
+    /// own: the next step checks them instead (see [`Self::defer`]).
+    deferred: Option<usize>,
     /// The target's read counters when the current decode step began.
     start: Reads,
     pub stats: Stats,
@@ -135,6 +138,7 @@ impl<D: Backend> Draft<D> {
             drafting: 0.0,
             drafting_secs: 0.0,
             last_choice: 0,
+            deferred: None,
             start: Reads::default(),
             stats: Stats::default(),
         })
@@ -151,7 +155,9 @@ impl<D: Backend> Draft<D> {
     /// pay.
     pub(crate) fn choose(&mut self, target: &impl Backend, room: usize) -> usize {
         self.start = Reads::of(target);
-        self.last_choice = if self.fixed {
+        self.last_choice = if let Some(k) = self.deferred.take() {
+            k.min(room)
+        } else if self.fixed {
             self.k.min(room)
         } else {
             self.cost.choose(room)
@@ -159,9 +165,12 @@ impl<D: Backend> Draft<D> {
         self.last_choice
     }
 
-    /// Whether the last step chose to guess (whether or not the guesser found any).
-    pub(crate) fn guessing(&self) -> bool {
-        self.last_choice > 0
+    /// Whether the next step is expected to check guesses, so that running it ahead as a plain step would be
+    /// wasted: after a deferral, or when the cost model guesses with a drafting model (which always has
+    /// guesses). Prompt lookup that found nothing here likely finds nothing next (text repeats in runs).
+    pub(crate) fn expects_guesses(&self) -> bool {
+        self.deferred.is_some()
+            || (self.last_choice > 0 && matches!(self.source, Source::Model { .. }))
     }
 
     /// Fraction of guesses the target took.
@@ -170,12 +179,34 @@ impl<D: Backend> Draft<D> {
     }
 
     /// Up to `n` (≥ 1) guesses of the tokens after `history` and `first` (fewer when prompt lookup finds no
-    /// match).
-    pub(crate) fn guess(&mut self, history: &[u32], first: u32, n: usize) -> Result<Vec<u32>> {
+    /// match). `ahead`: the backend already runs this step ahead, as a plain step on `first`. Taking it over
+    /// costs nothing, while a check would discard it (on a GPU, after waiting for it), so guesses there are
+    /// none: the next step checks them instead — unless prompt lookup, which costs nothing to ask, finds none
+    /// (then the next step is plain too, and may run ahead).
+    pub(crate) fn guess(
+        &mut self,
+        history: &[u32],
+        first: u32,
+        n: usize,
+        ahead: bool,
+    ) -> Result<Vec<u32>> {
         debug_assert!(n > 0, "a step that guesses nothing is a plain step");
+        let defer = |d: &mut Self| {
+            d.deferred = Some(std::mem::take(&mut d.last_choice));
+            Ok(Vec::new())
+        };
+        if ahead && matches!(self.source, Source::Model { .. }) {
+            return defer(self);
+        }
         let t0 = Instant::now();
         let guesses = match &mut self.source {
-            Source::Ngram => ngram::guess(history, first, n),
+            Source::Ngram => {
+                let guesses = ngram::guess(history, first, n);
+                if ahead && !guesses.is_empty() {
+                    return defer(self);
+                }
+                guesses
+            }
             Source::Model {
                 model,
                 session,
@@ -331,20 +362,20 @@ mod tests {
         let mut d = Draft::new(Guesser::Model(m.clone()), &*m, 2).unwrap();
         // The first guess reads the whole prompt, however long, and the first token after it.
         let mut history: Vec<u32> = (0..40).map(|i| 5 + i % 50).collect();
-        d.guess(&history, 3, 2).unwrap();
+        d.guess(&history, 3, 2, false).unwrap();
         assert_eq!(drafter_position(&d), 41);
         // Fewer than CATCH_UP_MOST tokens behind (the first guess's token, then three more): it reads them.
         history.extend([3, 9, 11, 12]);
-        d.guess(&history, 4, 2).unwrap();
+        d.guess(&history, 4, 2, false).unwrap();
         assert_eq!(drafter_position(&d), 45);
         // 100 tokens behind: it starts again on the latest CATCH_UP_MOST of them.
         history.push(4);
         history.extend((0..100).map(|i| 7 + i % 30));
-        d.guess(&history, 6, 2).unwrap();
+        d.guess(&history, 6, 2, false).unwrap();
         assert_eq!(drafter_position(&d), CATCH_UP_MOST + 1);
         // And follows the sequence from there.
         history.extend([6, 8]);
-        d.guess(&history, 9, 2).unwrap();
+        d.guess(&history, 9, 2, false).unwrap();
         assert_eq!(drafter_position(&d), CATCH_UP_MOST + 3);
     }
 }

@@ -471,14 +471,73 @@ fn speculative_steps_stop_where_plain_steps_stop_and_leave_the_same_state() {
     }
 }
 
+/// Speculation beside a backend that runs greedy steps ahead: a step that would check guesses while the
+/// backend already runs it as a plain step takes that step over and checks one step later, and prompt lookup
+/// that finds nothing lets the next step run ahead — so no step run ahead is discarded, and the tokens and
+/// logits are plain decoding's.
+#[test]
+fn speculation_takes_over_steps_run_ahead_instead_of_discarding_them() {
+    let m: &Model = model();
+    // The prompt twice: prompt lookup finds guesses in the second half and in what the model repeats.
+    let prompt: Vec<u32> = PROMPT.iter().chain(&PROMPT).copied().collect();
+    let req = request(&prompt, 150, 0.0);
+    let (plain_tokens, plain_logits, _) = drive(m, Generation::new(m, &req, None).unwrap(), 256);
+    let guessers = [Guesser::Model(model().clone()), Guesser::Ngram];
+    for (guesser, fixed) in guessers.iter().flat_map(|g| [(g, true), (g, false)]) {
+        let backend = Flaky {
+            fail_at: usize::MAX,
+            ..Default::default()
+        };
+        let draft = Draft::new(guesser.clone(), &backend, 3).unwrap();
+        let mut draft = if fixed { draft.fixed() } else { draft };
+        let mut gen = Generation::new(&backend, &req, None).unwrap();
+        let mut logits = Vec::new();
+        while gen
+            .step_speculative(&backend, &mut draft, &Stats::default(), 256, |_, l| {
+                logits.push(l.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                Flow::Continue
+            })
+            .unwrap()
+            .is_none()
+        {}
+        let case = format!("fixed={fixed}, ngram={}", matches!(guesser, Guesser::Ngram));
+        assert_eq!(gen.tokens(), &plain_tokens[..], "{case}");
+        assert!(logits == plain_logits, "{case}");
+        assert_eq!(backend.discarded.load(Ordering::Relaxed), 0, "{case}");
+        if fixed && matches!(guesser, Guesser::Ngram) {
+            // Where lookup finds nothing, steps run ahead even though every step asks for guesses.
+            assert!(backend.taken.load(Ordering::Relaxed) > 0, "{case}");
+            assert!(draft.passes > 0, "{case}");
+        }
+    }
+}
+
 /// The tiny model, with passes that fail once `fail_at` of them have run (only that one, with `once`); notes
-/// whether each decode step asked to run the next one ahead.
+/// whether each decode step asked to run the next one ahead, and plays a backend that does: the step it would
+/// run (position and greedy token), and how many such steps were taken over and how many discarded.
 #[derive(Default)]
 struct Flaky {
     passes: std::sync::atomic::AtomicUsize,
     fail_at: usize,
     once: bool,
     ahead: Mutex<Vec<bool>>,
+    running: Mutex<Option<(usize, u32)>>,
+    taken: std::sync::atomic::AtomicUsize,
+    discarded: std::sync::atomic::AtomicUsize,
+}
+
+impl Flaky {
+    /// A pass on `session` begins: it takes over the step run ahead when it is that step, else discards it.
+    fn pass_begins(&self, session: &deltafin_models::Session, token: Option<u32>) {
+        let running = self.running.lock().unwrap().take();
+        let at = model().position(session);
+        match running {
+            Some(r) if token.is_some_and(|t| r == (at, t)) => &self.taken,
+            Some(_) => &self.discarded,
+            None => return,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Backend for Flaky {
@@ -506,13 +565,25 @@ impl Backend for Flaky {
         stats: &Stats,
     ) -> anyhow::Result<Vec<f32>> {
         self.ahead.lock().unwrap().push(ahead);
-        model().decode(session, token, ahead, stats)
+        self.pass_begins(session, Some(token));
+        let logits = model().decode(session, token, ahead, stats)?;
+        if ahead {
+            let next = deltafin_engine::sampler::argmax(&logits);
+            *self.running.lock().unwrap() = Some((model().position(session), next));
+        }
+        Ok(logits)
+    }
+    fn runs_ahead_on(&self, session: &Self::Session, token: u32) -> bool {
+        *self.running.lock().unwrap() == Some((model().position(session), token))
     }
     fn forward_batch(
         &self,
         batch: &mut [deltafin_models::Pass<'_, Self::Session>],
         stats: &Stats,
     ) -> anyhow::Result<Vec<Vec<f32>>> {
+        for pass in batch.iter() {
+            self.pass_begins(pass.session, None);
+        }
         let n = self.passes.fetch_add(1, Ordering::Relaxed);
         if n == self.fail_at || (n > self.fail_at && !self.once) {
             anyhow::bail!("the expert store could not read a record");

@@ -63,6 +63,13 @@ pub trait Backend: Send + Sync {
         self.forward(session, &[token], LogitRows::Last, stats)
     }
 
+    /// Whether `session`'s next one-token step on `token` would take over a step [`Self::decode`] ran ahead
+    /// (rather than discard it).
+    fn runs_ahead_on(&self, session: &Self::Session, token: u32) -> bool {
+        let _ = (session, token);
+        false
+    }
+
     /// One pass over several sessions at once: each `Pass` runs its tokens after its session's history, and
     /// gets its logits (`[rows, vocab]`, in batch order). A row's arithmetic never depends on the other rows, so
     /// each session's logits equal those of its own `forward` bit for bit; what the batch shares is the reading

@@ -202,6 +202,12 @@ impl Backend for CudaModel {
         self.step(pass.session, token, ahead, stats)
     }
 
+    fn runs_ahead_on(&self, session: &CudaSession, token: u32) -> bool {
+        session.ahead.as_ref().is_some_and(|g| {
+            g.token == token && g.ticket == self.arena.lock().unwrap().issued.get()
+        })
+    }
+
     /// Every state buffer copied whole on the device (the MLA and GQA caches with their spare capacity). The copies have
     /// landed when it returns, so the original may be dropped (freed) or run on at once.
     fn fork(&self, session: &CudaSession) -> Result<CudaSession> {
