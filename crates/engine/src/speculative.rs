@@ -99,7 +99,7 @@ pub struct Draft<D: Backend> {
     /// Guesses the last step chose to check.
     last_choice: usize,
     /// Guesses a step chose but could not check, as the backend was already running that step ahead on its
-    /// own: the next step checks them instead (see [`Self::defer`]).
+    /// own: the next step checks them instead (see [`Self::guess`]).
     deferred: Option<usize>,
     /// The target's read counters when the current decode step began.
     start: Reads,
