@@ -385,9 +385,6 @@ pub struct IoCounters {
     /// Wall time with at least one read queued or in flight: the drive had work. In an I/O-bound pass,
     /// busy time / pass time says how well the engine kept the drive fed, whatever the drive's speed.
     busy: Mutex<Busy>,
-    /// Wall time with at least one demand read being served: what is left is the drive time the lookahead
-    /// can use without delaying a pass.
-    demand_busy: Mutex<Busy>,
 }
 
 /// Wall time with at least one of some reads outstanding.
@@ -425,11 +422,6 @@ impl IoCounters {
     /// Busy wall time so far.
     pub fn busy_secs(&self) -> f64 {
         self.busy.lock().unwrap().secs()
-    }
-
-    /// Wall time so far with demand reads in flight.
-    pub fn demand_busy_secs(&self) -> f64 {
-        self.demand_busy.lock().unwrap().secs()
     }
 }
 
@@ -551,6 +543,25 @@ impl IoEngine {
         }
     }
 
+    /// Drops the queued prefetch reads of `done` (those in flight finish): each counts as a failed chunk, so
+    /// `done` completes, as failed, once the reads already started have landed.
+    pub fn cancel(&self, done: &Arc<Completion>) {
+        for drive in &self.drives {
+            let dropped = {
+                let mut q = drive.queues.lock().unwrap();
+                let (mine, kept) = std::mem::take(&mut q.prefetch)
+                    .into_iter()
+                    .partition::<VecDeque<_>, _>(|op| Arc::ptr_eq(&op.done, done));
+                q.prefetch = kept;
+                mine.len()
+            };
+            for _ in 0..dropped {
+                done.finish_chunk(Some("cancelled: the prediction was wrong".into()));
+                self.counters.busy.lock().unwrap().end();
+            }
+        }
+    }
+
     pub fn shutdown(&self) {
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
@@ -594,16 +605,10 @@ impl std::str::FromStr for Backend {
 
 /// Takes the next op for a drive: demand first, prefetch only below its in-flight cap, background only when
 /// no prefetch waits and below its own cap. `None` on shutdown.
-fn next_op(
-    drive: &Drive,
-    counters: &IoCounters,
-    max_prefetch: usize,
-    block: bool,
-) -> Option<Option<(ReadOp, Priority)>> {
+fn next_op(drive: &Drive, max_prefetch: usize, block: bool) -> Option<Option<(ReadOp, Priority)>> {
     let mut q = drive.queues.lock().unwrap();
     loop {
         if let Some(op) = q.demand.pop_front() {
-            counters.demand_busy.lock().unwrap().begin();
             return Some(Some((op, Priority::Demand)));
         }
         if q.prefetch_in_flight < max_prefetch {
@@ -653,9 +658,6 @@ fn complete(
         drive.wake.notify_one();
     }
     op.done.finish_chunk(err);
-    if priority == Priority::Demand {
-        counters.demand_busy.lock().unwrap().end();
-    }
     counters.busy.lock().unwrap().end();
 }
 
@@ -687,7 +689,7 @@ fn uring_worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usiz
                 continue;
             }
             let block = busy == 0 && in_flight.iter().all(|s| s.is_none());
-            let Some(next) = next_op(&drive, &counters, max_prefetch, block) else {
+            let Some(next) = next_op(&drive, max_prefetch, block) else {
                 return;
             };
             let Some((op, priority)) = next else { break };
@@ -768,7 +770,7 @@ fn positioned_read(op: &ReadOp) -> Option<String> {
 }
 
 fn worker(drive: Arc<Drive>, counters: Arc<IoCounters>, max_prefetch: usize) {
-    while let Some(Some((op, priority))) = next_op(&drive, &counters, max_prefetch, true) {
+    while let Some(Some((op, priority))) = next_op(&drive, max_prefetch, true) {
         complete(&drive, &counters, &op, priority, positioned_read(&op));
     }
 }

@@ -215,7 +215,6 @@ pub struct ExpertStore {
     io: Arc<IoEngine>,
     counters: Counters,
     prediction: Mutex<Vec<(Option<Vec<usize>>, LayerPrediction)>>,
-    demand_load: Mutex<DemandLoad>,
     opts: StoreOptions,
     backfill: Option<Arc<dyn Backfill>>,
     /// Describes where records come from, for messages ("pack at …", "checkpoint …").
@@ -241,16 +240,8 @@ pub fn slot_bytes(record_len: usize) -> u64 {
 /// read earlier (measured with `deltafin bench`: lookahead at ~15% precision made cold steps 12-20% slower).
 const PREDICTION_WARMUP: u64 = 32;
 const PREDICTION_MIN_PRECISION: f64 = 0.5;
-
-/// The drive's demand load is sampled over windows of this length (a few layers' passes at least).
-const LOAD_WINDOW: Duration = Duration::from_secs(1);
-
-/// The share of wall time the drive spent serving demand in the last full window.
-struct DemandLoad {
-    since: Instant,
-    busy_since: f64,
-    share: Option<f64>,
-}
+/// A layer's predictions are read once this many have been scored (and at least half were right).
+const PREDICTION_READ_AFTER: u64 = 8;
 
 impl ExpertStore {
     /// `files[i]`: path and drive of data file i; `layers[l]`: the records of layer l (empty for dense layers).
@@ -307,11 +298,6 @@ impl ExpertStore {
         Ok(ExpertStore {
             files,
             prediction: Mutex::new(vec![(None, LayerPrediction::default()); layers.len()]),
-            demand_load: Mutex::new(DemandLoad {
-                since: Instant::now(),
-                busy_since: 0.0,
-                share: None,
-            }),
             layers,
             record_len,
             slot_len,
@@ -480,6 +466,7 @@ impl ExpertStore {
     /// Demand: the records of `experts` of `layer`, handed out as they arrive (in no particular order).
     pub fn fetch(&self, layer: usize, experts: &[usize]) -> Fetch<'_> {
         self.score_prediction(layer, experts);
+        self.cancel_wrong_predictions(layer, experts);
         self.counters
             .requests
             .fetch_add(experts.len() as u64, Ordering::Relaxed);
@@ -545,32 +532,55 @@ impl ExpertStore {
         }
     }
 
+    /// Drops the reads not yet started of this layer's predicted records that its demand did not ask for.
+    /// Demand is read before predictions, so a wrong guess then costs only the chunks in flight when the
+    /// demand came, not a whole record read later, ahead of the next layer's guesses.
+    fn cancel_wrong_predictions(&self, layer: usize, wanted: &[usize]) {
+        if self.holds_every_record() {
+            // The background fill reads every record once, skipping those already mapped: a cancelled
+            // guess would never be filled. Here a wrong guess only reads a record early.
+            return;
+        }
+        let mut cancelled = Vec::new();
+        {
+            let mut st = self.state.lock().unwrap();
+            let SlabState { slots, map, .. } = &mut *st;
+            for s in slots.iter_mut() {
+                let Some((l, e)) = s.key else { continue };
+                if l != layer || !s.prefetched || s.pins > 0 || wanted.contains(&e) {
+                    continue;
+                }
+                if let Some(done) = s.done.as_ref().filter(|d| !d.is_done()) {
+                    // Unmapped now, so no demand can claim the partial record; the slot is settled (freed)
+                    // once the reads in flight have landed.
+                    cancelled.push(done.clone());
+                    map.remove(&(l, e));
+                    s.key = None;
+                    s.prefetched = false;
+                }
+            }
+        }
+        for done in &cancelled {
+            self.io.cancel(done);
+        }
+    }
+
     /// Whether reading a layer's predictions from the local drive is expected to save more drive time than it
-    /// costs. A prediction
-    /// read in idle drive time (a share `1 − busy` of the time, `busy` being the drive's recent demand load)
-    /// hides a read the pass would wait for when it is right (precision `p`); one read while demand waits
-    /// delays the pass when it is wrong. The gain `p·(1 − busy)` beats the cost `busy·(1 − p)` exactly when
-    /// `busy < p`. Predictions are scored whether read or not, so a layer is read only once its precision is
-    /// measured. On a random-weight model (p ≈ 0.55) under a tight cache the drive serves demand ~90% of
-    /// the time, and reading the predictions cost 20–40% of decode speed (BENCHMARKS.md, issue 26).
+    /// costs. Predictions are read after the layer's demand, so they take the drive's idle time — the
+    /// layer's tail of compute, the next attention and router — and a right one hides a read the next pass
+    /// would wait for. A wrong one costs only its chunks in flight when the next demand comes
+    /// (`cancel_wrong_predictions` drops the rest). Predictions are scored whether read or not, so a layer is
+    /// read once its precision is measured and at least [`PREDICTION_MIN_PRECISION`]. (Before wrong reads
+    /// were cancelled, a random-weight model's guesses, p ≈ 0.55, cost 20–40% of decode speed under a tight
+    /// cache: BENCHMARKS.md, issue 26.)
     fn lookahead_pays(&self, measured: &LayerPrediction) -> bool {
         if self.holds_every_record() {
             // Nothing is evicted and the background fill reads every record anyway: a wrong guess only
             // reads one of them earlier.
             return true;
         }
-        if measured.predicted < PREDICTION_WARMUP {
-            return false;
-        }
-        let mut load = self.demand_load.lock().unwrap();
-        let elapsed = load.since.elapsed();
-        if elapsed >= LOAD_WINDOW {
-            let busy = self.io.counters.demand_busy_secs();
-            load.share = Some((busy - load.busy_since) / elapsed.as_secs_f64());
-            load.since = Instant::now();
-            load.busy_since = busy;
-        }
-        load.share.is_none_or(|busy| busy < measured.precision())
+        measured.predicted >= PREDICTION_READ_AFTER
+            && measured.precision() >= PREDICTION_MIN_PRECISION
     }
 
     pub fn prediction_enabled(&self, layer: usize) -> bool {
@@ -592,22 +602,29 @@ impl ExpertStore {
     }
 
     /// A free slot, or the unpinned ready slot the policy values least — for a prediction (`for_prefetch`),
-    /// only among the prefetched records nobody asked for yet, never a record a demand brought in: a
-    /// prediction is right about half the time on some models, and evicting cached records for guesses cost
-    /// 40% of decode speed at a 3 GiB limit (BENCHMARKS.md, "Stop 23"). A prefetched record joins the
-    /// ordinary cache on its first demand use.
+    /// only among the prefetched records nobody asked for yet and the records demand brought in beyond the
+    /// expert cache's own slots (those sit in the working set, which the next demand recycles anyway), never a
+    /// record the cache holds: a prediction is right about half the time on some models, and evicting cached
+    /// records for guesses cost 40% of decode speed at a 3 GiB limit (BENCHMARKS.md, "Stop 23"). A
+    /// prefetched record joins the ordinary cache on its first demand use.
     fn take_slot(&self, st: &mut SlabState, for_prefetch: bool) -> Option<usize> {
         settle_prefetched(st);
         let SlabState { slots, policy, map } = st;
         let victim = if let Some(i) = slots.iter().position(|s| s.phase == Phase::Empty) {
             i
         } else {
+            let cache_slots = slots.len().saturating_sub(self.opts.working_slots.max(2));
+            let demanded = slots
+                .iter()
+                .filter(|s| s.key.is_some() && s.phase == Phase::Ready && !s.prefetched)
+                .count();
+            let spare = !for_prefetch || demanded > cache_slots;
             policy.victim(
                 slots
                     .iter()
                     .enumerate()
                     .filter(|(_, s)| s.pins == 0 && s.phase == Phase::Ready)
-                    .filter(|(_, s)| s.prefetched || !for_prefetch)
+                    .filter(|(_, s)| s.prefetched || spare)
                     .filter_map(|(i, s)| Some((i, s.key?))),
             )?
         };
@@ -828,7 +845,8 @@ fn settle_prefetched(st: &mut SlabState) {
     for s in slots.iter_mut() {
         if s.phase == Phase::Loading && s.pins == 0 && s.done.as_ref().is_some_and(|d| d.is_done())
         {
-            let failed = s.done.take().and_then(|d| d.error()).is_some();
+            // A cancelled prediction (no key) is freed whether or not its last reads got in first.
+            let failed = s.done.take().and_then(|d| d.error()).is_some() || s.key.is_none();
             s.phase = if failed { Phase::Empty } else { Phase::Ready };
             if failed {
                 if let Some(k) = s.key.take() {
@@ -877,9 +895,18 @@ impl Drop for RecordRef<'_> {
 }
 
 impl<'a> Fetch<'a> {
-    /// The next arrived record; `None` when all were handed out.
+    /// The next arrived record, waiting for one; `None` when all were handed out.
     #[allow(clippy::should_implement_trait)] // blocking and fallible, unlike Iterator::next's contract
     pub fn next(&mut self) -> Option<Result<RecordRef<'a>>> {
+        self.take(true)
+    }
+
+    /// A record that has already arrived, without waiting; `None` when none has (or all were handed out).
+    pub fn next_arrived(&mut self) -> Option<Result<RecordRef<'a>>> {
+        self.take(false)
+    }
+
+    fn take(&mut self, wait: bool) -> Option<Result<RecordRef<'a>>> {
         let store = self.store;
         let t0 = Instant::now();
         if !self.backfilled {
@@ -904,6 +931,9 @@ impl<'a> Fetch<'a> {
             }) {
                 let (e, slot) = self.loading.swap_remove(i);
                 break Some(self.finish(e, slot));
+            }
+            if !wait {
+                break None;
             }
             let (lock, cv) = &*store.notify;
             let g = lock.lock().unwrap();
