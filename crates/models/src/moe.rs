@@ -316,20 +316,24 @@ impl Moe {
     }
 
     /// Lookahead: this layer's router applied to an earlier layer's state; the predicted experts are queued
-    /// for reading into idle disk time (where prediction has proven useful for this layer).
+    /// for reading into idle disk time (where prediction has proven useful for this layer), the likeliest
+    /// first — by its largest weight in any row — so the reads done when the demand comes are the best guesses.
     fn prefetch(&self, x: &[f32], n: usize) {
         let store = &self.experts.store;
         if !store.prediction_enabled(self.experts.layer) {
             return;
         }
-        let mut ids: Vec<usize> = self
+        let mut picked: Vec<(usize, f32)> = self
             .router
             .route(x, n)
             .into_iter()
-            .flat_map(|r| r.ids)
+            .flat_map(|r| r.ids.into_iter().zip(r.weights))
             .collect();
-        ids.sort_unstable();
-        ids.dedup();
+        // By id, the heaviest of each id first, then one entry per id, heaviest first.
+        picked.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        picked.dedup_by_key(|p| p.0);
+        picked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let ids: Vec<usize> = picked.into_iter().map(|(e, _)| e).collect();
         store.prefetch(self.experts.layer, &ids);
     }
 }

@@ -479,9 +479,9 @@ impl ExpertStore {
         }
     }
 
-    /// Queues predicted records of `layer` into idle disk time where that pays (`lookahead_pays`), only into
-    /// free slots or those of unclaimed predictions (`take_slot`), never waiting. Predictions are scored
-    /// against the next demand for the layer.
+    /// Queues predicted records of `layer` into idle disk time where that pays (`lookahead_pays`), into the
+    /// slots `take_slot` allows a prediction, never waiting, in the order given (the likeliest first).
+    /// Predictions are scored against the next demand for the layer.
     pub fn prefetch(&self, layer: usize, experts: &[usize]) {
         let measured = {
             let mut p = self.prediction.lock().unwrap();
