@@ -49,7 +49,7 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// The main job: unpack the built-in trained K3-architecture model once and generate from it.
     Demo(demo::DemoArgs),
-    /// Write a seeded random checkpoint in the exact Kimi K3 / Kimi Linear on-disk layout.
+    /// Write a seeded random checkpoint in a released on-disk layout (any supported family).
     MakeModel(MakeModelArgs),
     /// Build an expert pack: one aligned record per expert, striped over one directory per drive.
     Pack(store_cmds::PackArgs),
