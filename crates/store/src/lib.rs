@@ -418,12 +418,17 @@ impl ExpertStore {
     /// Every record of the model is in the cache with its reads finished (where the slab holds them all,
     /// the background fill is done).
     pub fn all_cached(&self) -> bool {
+        let mapped = self.state.lock().unwrap().map.len();
+        mapped == self.layers.iter().map(Vec::len).sum::<usize>() && self.records_loading() == 0
+    }
+
+    /// Slots whose reads (demand, prediction or fill) have not all finished.
+    pub fn records_loading(&self) -> usize {
         let st = self.state.lock().unwrap();
-        st.map.len() == self.layers.iter().map(Vec::len).sum::<usize>()
-            && st
-                .slots
-                .iter()
-                .all(|s| s.done.as_ref().is_none_or(|d| d.is_done()))
+        st.slots
+            .iter()
+            .filter(|s| s.done.as_ref().is_some_and(|d| !d.is_done()))
+            .count()
     }
 
     /// The slab has a slot for every record of the model (the background fill's case).
@@ -521,7 +526,7 @@ impl ExpertStore {
             if free_slots <= reserve {
                 break;
             }
-            let Some(slot) = self.take_slot(&mut st, true) else {
+            let Some(slot) = self.take_slot(&mut st, Some((layer, &experts))) else {
                 break;
             };
             self.start_load(&mut st, slot, (layer, e), Priority::Prefetch);
@@ -601,13 +606,18 @@ impl ExpertStore {
         }
     }
 
-    /// A free slot, or the unpinned ready slot the policy values least — for a prediction (`for_prefetch`),
-    /// only among the prefetched records nobody asked for yet and the records demand brought in beyond the
+    /// A free slot, or the unpinned ready slot the policy values least — for a prediction of `experts` of `layer`
+    /// (`prediction`), only among the prefetched records nobody asked for yet (not those same predictions, which
+    /// may land while later ones are queued) and the records demand brought in beyond the
     /// expert cache's own slots (those sit in the working set, which the next demand recycles anyway), never a
     /// record the cache holds: a prediction is right about half the time on some models, and evicting cached
     /// records for guesses cost 40% of decode speed at a 3 GiB limit (BENCHMARKS.md, "Stop 23"). A
     /// prefetched record joins the ordinary cache on its first demand use.
-    fn take_slot(&self, st: &mut SlabState, for_prefetch: bool) -> Option<usize> {
+    fn take_slot(
+        &self,
+        st: &mut SlabState,
+        prediction: Option<(usize, &[usize])>,
+    ) -> Option<usize> {
         settle_prefetched(st);
         let SlabState { slots, policy, map } = st;
         let victim = if let Some(i) = slots.iter().position(|s| s.phase == Phase::Empty) {
@@ -618,14 +628,17 @@ impl ExpertStore {
                 .iter()
                 .filter(|s| s.key.is_some() && s.phase == Phase::Ready && !s.prefetched)
                 .count();
-            let spare = !for_prefetch || demanded > cache_slots;
+            let spare = prediction.is_none() || demanded > cache_slots;
+            let same_batch =
+                |key: Key| prediction.is_some_and(|(l, es)| l == key.0 && es.contains(&key.1));
             policy.victim(
                 slots
                     .iter()
                     .enumerate()
                     .filter(|(_, s)| s.pins == 0 && s.phase == Phase::Ready)
                     .filter(|(_, s)| s.prefetched || spare)
-                    .filter_map(|(i, s)| Some((i, s.key?))),
+                    .filter_map(|(i, s)| Some((i, s.key?)))
+                    .filter(|&(_, k)| !same_batch(k)),
             )?
         };
         if let Some(k) = slots[victim].key.take() {
@@ -948,10 +961,15 @@ impl<'a> Fetch<'a> {
         result
     }
 
-    /// Assigns slots to pending experts (in request order) while slots are available.
+    /// Assigns slots to pending experts while slots are available: first those the slab holds, pinned before
+    /// any miss takes a victim (a request's misses never evict its own records), then the rest in request
+    /// order.
     fn issue(&mut self) {
         let store = self.store;
         let mut st = store.state.lock().unwrap();
+        let layer = self.layer;
+        self.pending
+            .sort_by_key(|&e| !st.map.contains_key(&(layer, e)));
         while let Some(&e) = self.pending.first() {
             let key = (self.layer, e);
             let slot = if let Some(&slot) = st.map.get(&key) {
@@ -975,7 +993,7 @@ impl<'a> Fetch<'a> {
                 st.policy.touch(key);
                 slot
             } else {
-                let Some(slot) = store.take_slot(&mut st, false) else {
+                let Some(slot) = store.take_slot(&mut st, None) else {
                     break;
                 };
                 store.start_load(&mut st, slot, key, Priority::Demand);
