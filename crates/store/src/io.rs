@@ -430,8 +430,8 @@ pub struct IoEngine {
     drives: Vec<Arc<Drive>>,
     workers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub counters: Arc<IoCounters>,
-    /// Reads at most this many prefetch chunks at once per drive, so a demand read always finds a free worker
-    /// soon (the rest of the time prefetch only uses idle disk time).
+    /// Reads at most this many prefetch chunks at once per drive — all but one reader — so a demand read always
+    /// finds a free worker at once, while predictions alone still keep the drive's queue nearly full.
     max_prefetch_in_flight: usize,
     stopped: AtomicBool,
 }
@@ -457,7 +457,7 @@ impl IoEngine {
                 .collect(),
             workers: Mutex::new(Vec::new()),
             counters: counters.clone(),
-            max_prefetch_in_flight: (workers_per_drive / 2).max(1),
+            max_prefetch_in_flight: workers_per_drive.saturating_sub(1).max(1),
             stopped: AtomicBool::new(false),
         });
         // Elsewhere `Backend::Uring` cannot be chosen (see `from_str`): every drive gets reader threads.
