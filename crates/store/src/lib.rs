@@ -418,17 +418,13 @@ impl ExpertStore {
     /// Every record of the model is in the cache with its reads finished (where the slab holds them all,
     /// the background fill is done).
     pub fn all_cached(&self) -> bool {
-        let mapped = self.state.lock().unwrap().map.len();
-        mapped == self.layers.iter().map(Vec::len).sum::<usize>() && self.records_loading() == 0
+        let st = self.state.lock().unwrap();
+        st.map.len() == self.layers.iter().map(Vec::len).sum::<usize>() && loading(&st.slots) == 0
     }
 
     /// Slots whose reads (demand, prediction or fill) have not all finished.
     pub fn records_loading(&self) -> usize {
-        let st = self.state.lock().unwrap();
-        st.slots
-            .iter()
-            .filter(|s| s.done.as_ref().is_some_and(|d| !d.is_done()))
-            .count()
+        loading(&self.state.lock().unwrap().slots)
     }
 
     /// The slab has a slot for every record of the model (the background fill's case).
@@ -853,6 +849,14 @@ fn map_files(
 
 /// Prefetched records whose reads finished while nobody waited on them become ordinary ready (evictable)
 /// entries; failed ones are dropped so that a later demand reads them again and reports the error itself.
+/// How many of `slots` have reads still outstanding.
+fn loading(slots: &[Slot]) -> usize {
+    slots
+        .iter()
+        .filter(|s| s.done.as_ref().is_some_and(|d| !d.is_done()))
+        .count()
+}
+
 fn settle_prefetched(st: &mut SlabState) {
     let SlabState { slots, map, .. } = st;
     for s in slots.iter_mut() {

@@ -14,22 +14,27 @@ fn store(dir: &std::path::Path) -> ExpertStore {
     store_caching(dir, 4)
 }
 
-fn store_caching(dir: &std::path::Path, cached_records: u64) -> ExpertStore {
-    let path = dir.join("records.bin");
-    let layers: Vec<Vec<RecordLoc>> = (0..2)
+/// 2 layers of 8 records of `len` bytes, back to back in file 0.
+fn layout(len: usize) -> Vec<Vec<RecordLoc>> {
+    (0..2)
         .map(|l| {
             (0..EXPERTS)
                 .map(|e| RecordLoc {
                     extents: vec![Extent {
                         file: 0,
-                        offset: ((l * EXPERTS + e) * RECORD) as u64,
-                        len: RECORD,
+                        offset: ((l * EXPERTS + e) * len) as u64,
+                        len,
                     }],
                     checksum: None,
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+fn store_caching(dir: &std::path::Path, cached_records: u64) -> ExpertStore {
+    let path = dir.join("records.bin");
+    let layers = layout(RECORD);
     std::fs::write(&path, vec![7u8; 2 * EXPERTS * RECORD]).unwrap();
     let opts = StoreOptions {
         cache_bytes: cached_records * deltafin_store::slot_bytes(RECORD),
@@ -179,20 +184,7 @@ fn a_wrong_prediction_stops_being_read_when_the_demand_comes() {
     const BIG: usize = PAGES * 4096;
     let t = tempfile::tempdir().unwrap();
     let path = t.path().join("records.bin");
-    let layers: Vec<Vec<RecordLoc>> = (0..2)
-        .map(|l| {
-            (0..EXPERTS)
-                .map(|e| RecordLoc {
-                    extents: vec![Extent {
-                        file: 0,
-                        offset: ((l * EXPERTS + e) * BIG) as u64,
-                        len: BIG,
-                    }],
-                    checksum: None,
-                })
-                .collect()
-        })
-        .collect();
+    let layers = layout(BIG);
     let bytes: Vec<u8> = (0..2 * EXPERTS * BIG).map(|i| (i / BIG) as u8).collect();
     std::fs::write(&path, bytes).unwrap();
     // Layer 1 expert 5: its reads wait at the gate.
