@@ -65,9 +65,10 @@ fn cpu_line() -> String {
     let name = crate::host::cpu_name().unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
-        "{name}, {cores} threads available; features: {}; kernels: {}",
+        "{name}, {cores} threads available; features: {}; kernels: {} (this CPU runs: {}; --isa chooses)",
         crate::host::cpu_features().join(" "),
-        deltafin_kernels::isa()
+        deltafin_kernels::isa(),
+        deltafin_kernels::isas().join(", ")
     )
 }
 

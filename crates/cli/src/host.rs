@@ -132,6 +132,7 @@ mod tests {
         let features = cpu_features();
         let needed: &[&str] = match deltafin_kernels::isa() {
             "avx2+fma" => &["avx2", "fma"],
+            "avx512" => &["avx512f", "avx2", "fma"],
             "neon" => &["neon"],
             _ => &[],
         };

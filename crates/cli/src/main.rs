@@ -32,6 +32,10 @@ struct Cli {
     /// Worker threads for the kernels (default: one per core). Results are bit-identical for any count.
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// The CPU kernels' instruction set: scalar, avx2+fma, avx512 or neon, among those this CPU runs
+    /// (default: the best; `doctor` lists them). Results are bit-identical on every one; only speed changes.
+    #[arg(long, global = true, env = "DELTAFIN_ISA")]
+    isa: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -236,6 +240,7 @@ fn run(cli: Cli) -> Result<()> {
             .num_threads(n)
             .build_global()?;
     }
+    deltafin_kernels::set_isa(cli.isa.as_deref()).map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Run(a) => generate::run(
             &a.model,

@@ -1,5 +1,5 @@
-//! The scalar fallback and the AVX2 path follow one reduction order, so whole-model logits agree bit for bit.
-//! (Its own test binary: forcing the scalar path is process-wide.)
+//! The scalar fallback and every SIMD path (AVX2, AVX-512, NEON: those this CPU runs) follow one reduction
+//! order, so whole-model logits agree bit for bit. (Its own test binary: choosing a path is process-wide.)
 
 mod common;
 use common::*;
@@ -39,15 +39,12 @@ fn scalar_and_simd_kernels_give_identical_logits() {
                 )
                 .unwrap()
         };
-        deltafin_kernels::set_force_scalar(false);
-        let simd = run();
-        deltafin_kernels::set_force_scalar(true);
+        deltafin_kernels::set_isa(Some("scalar")).unwrap();
         let scalar = run();
-        deltafin_kernels::set_force_scalar(false);
-        assert!(
-            simd == scalar,
-            "{arch}: {} and scalar kernels differ",
-            deltafin_kernels::isa()
-        );
+        for isa in deltafin_kernels::isas() {
+            deltafin_kernels::set_isa(Some(isa)).unwrap();
+            assert!(run() == scalar, "{arch}: {isa} and scalar kernels differ");
+        }
+        deltafin_kernels::set_isa(None).unwrap();
     }
 }

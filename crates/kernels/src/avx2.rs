@@ -281,7 +281,7 @@ const ROW_GROUP: usize = 8;
 const TILE_BLOCKS: usize = 16;
 
 /// The 32 lanes of one (row, token) pair.
-type Lanes = [__m256; 4];
+pub(crate) type Lanes = [__m256; 4];
 
 /// From this many x rows on, whole blocks of GEMM_TOKENS of them go through [`gemm`].
 const GEMM_MIN_TOKENS: usize = 4;
@@ -294,6 +294,15 @@ const GEMM_CHUNK: usize = 32;
 /// [`gemm`]'s column tile in 32-column blocks: its decoded weights (12 KiB) and 4 x rows' part (16 KiB)
 /// stay in L1. At 64 x rows 32 measured ~10–15% faster than 16 or 64.
 const GEMM_TILE_BLOCKS: usize = 32;
+
+/// How many of `n` x rows go through [`gemm`]: whole blocks of GEMM_TOKENS, once there are enough.
+pub(crate) fn gemm_tokens(n: usize) -> usize {
+    if n >= GEMM_MIN_TOKENS {
+        n / GEMM_TOKENS * GEMM_TOKENS
+    } else {
+        0
+    }
+}
 
 /// Rows [`rows_with`] computes together for `n` x rows.
 pub(crate) fn rows_together(n: usize) -> usize {
@@ -313,11 +322,7 @@ unsafe fn rows_with<R: RowDecoder>(
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
 ) {
-    let blocked = if n >= GEMM_MIN_TOKENS {
-        n / GEMM_TOKENS * GEMM_TOKENS
-    } else {
-        0
-    };
+    let blocked = gemm_tokens(n);
     if blocked > 0 {
         gemm(&row_at, cols, x.as_ptr(), blocked, range.clone(), emit);
     }
@@ -479,7 +484,7 @@ unsafe fn accumulate<R: RowDecoder, const NT: usize>(
 /// The crate's lane tree: h = 16 and 8 on whole vectors, then 4, 2, 1 within one.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fold(acc: Lanes) -> f32 {
+pub(crate) unsafe fn fold(acc: Lanes) -> f32 {
     let h8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
     let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));

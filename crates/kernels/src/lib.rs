@@ -1,6 +1,6 @@
 //! CPU kernels for deltafin: products of f32 activations with BF16, MXFP4, FP8 (128×128 block scales) or
-//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64) or
-//! NEON (AArch64) where the CPU has it and a scalar path elsewhere.
+//! INT4 (group 32) weight matrices, the dequantisation fused into the product, on AVX2+FMA (x86-64, with
+//! AVX-512 for the nibble encodings where the CPU has it) or NEON (AArch64), and a scalar path elsewhere.
 //!
 //! # Fixed reduction order
 //!
@@ -10,7 +10,8 @@
 //! 1. 32 partial sums `acc[0..32]` start at +0.0. Element `i` of the multiple-of-32 prefix goes to
 //!    lane `i % 32`, in increasing `i`: `acc[i % 32] = fma(w[i], x[i], acc[i % 32])` (one rounding).
 //!    On AVX2 the lanes are four `__m256` accumulators holding lanes 0–7, 8–15, 16–23 and 24–31; on
-//!    NEON eight `float32x4_t` holding lanes 0–3, 4–7, ..., 28–31.
+//!    NEON eight `float32x4_t` holding lanes 0–3, 4–7, ..., 28–31; on AVX-512 (MXFP4 and INT4 with up to
+//!    three x rows) two `__m512` holding the even and the odd lanes, interleaved back before the tree.
 //! 2. The lanes fold by one tree: `acc[k] += acc[k + h]` for all `k < h`, with h = 16, 8, 4, 2, 1;
 //!    the result is `acc[0]`.
 //! 3. Elements past the multiple-of-32 prefix follow in increasing order: `s = fma(a[i], b[i], s)`.
@@ -33,6 +34,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod codec;
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -42,7 +45,7 @@ mod tests;
 
 use rayon::prelude::*;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The FP8 block size: one `scale_inv` per 128 × 128 block of weights (edge blocks may be partial).
@@ -299,6 +302,9 @@ enum Path {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// AVX2+FMA, with AVX-512 for the nibble encodings' decode (see avx512.rs).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
     #[cfg(target_arch = "aarch64")]
     Neon,
 }
@@ -309,51 +315,84 @@ impl Path {
             Path::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Path::Avx2Fma => "avx2+fma",
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512 => "avx512",
             #[cfg(target_arch = "aarch64")]
             Path::Neon => "neon",
         }
     }
 }
 
-static FORCE_SCALAR: AtomicBool = AtomicBool::new(false);
-
-/// The best path this CPU supports, detected once.
-fn detected_path() -> Path {
-    static DETECTED: OnceLock<Path> = OnceLock::new();
-    *DETECTED.get_or_init(|| {
+/// Every path this CPU can run, scalar first and the best last; detected once.
+fn supported_paths() -> &'static [Path] {
+    static SUPPORTED: OnceLock<Vec<Path>> = OnceLock::new();
+    SUPPORTED.get_or_init(|| {
+        #[allow(unused_mut)]
+        let mut paths = vec![Path::Scalar];
         #[cfg(target_arch = "x86_64")]
         // F16C (the FP8 decoder's exact e4m3 widening) came before AVX2: every AVX2 CPU has it.
         if is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            return Path::Avx2Fma;
+            paths.push(Path::Avx2Fma);
+            if is_x86_feature_detected!("avx512f") {
+                paths.push(Path::Avx512);
+            }
         }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
-            return Path::Neon;
+            paths.push(Path::Neon);
         }
-        Path::Scalar
+        paths
     })
 }
 
+/// The best path this CPU supports.
+fn detected_path() -> Path {
+    *supported_paths()
+        .last()
+        .expect("the scalar path is always there")
+}
+
+/// 1 + the index in `supported_paths` of the path chosen by [`set_isa`]; 0 for the best.
+static CHOSEN: AtomicUsize = AtomicUsize::new(0);
+
 fn active_path() -> Path {
-    if FORCE_SCALAR.load(Ordering::Relaxed) {
-        Path::Scalar
-    } else {
-        detected_path()
+    match CHOSEN.load(Ordering::Relaxed) {
+        0 => detected_path(),
+        i => supported_paths()[i - 1],
     }
 }
 
-/// "avx2+fma", "neon" or "scalar": what the kernels use now (the scalar path when forced).
+/// "avx512", "avx2+fma", "neon" or "scalar": what the kernels use now.
 pub fn isa() -> &'static str {
     active_path().name()
 }
 
-/// Force the scalar path process-wide (tests and the doctor command compare both). Results do not
-/// change, only speed: both paths follow the same reduction order bit for bit.
-pub fn set_force_scalar(on: bool) {
-    FORCE_SCALAR.store(on, Ordering::Relaxed);
+/// The instruction sets this CPU can run the kernels on, scalar first and the default last.
+pub fn isas() -> Vec<&'static str> {
+    supported_paths().iter().map(|p| p.name()).collect()
+}
+
+/// Runs the kernels on the named instruction set from now on, process-wide (None: the best this CPU has).
+/// Results do not change, only speed: every path follows the same reduction order bit for bit, which is
+/// what the tests and `doctor` compare.
+pub fn set_isa(name: Option<&str>) -> Result<(), String> {
+    let chosen = match name {
+        None => 0,
+        Some(name) => 1 + supported_paths()
+            .iter()
+            .position(|p| p.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "kernel instruction set {name:?} is not one this CPU runs; choose one of {}",
+                    isas().join(", ")
+                )
+            })?,
+    };
+    CHOSEN.store(chosen, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Below this many multiply-adds (a few microseconds' work) a product runs on the calling thread:
@@ -458,6 +497,9 @@ fn matmul_rows(
         // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
+        // SAFETY: this path is only chosen when the CPU has AVX-512F, AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::matmul_rows(w, x, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Path::Neon => unsafe { neon::matmul_rows(w, x, n, range, emit) },
@@ -470,7 +512,7 @@ fn rows_together(path: Path, n: usize) -> usize {
     match path {
         Path::Scalar => 1,
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2Fma => avx2::rows_together(n),
+        Path::Avx2Fma | Path::Avx512 => avx2::rows_together(n),
         #[cfg(target_arch = "aarch64")]
         Path::Neon => 1,
     }
@@ -520,7 +562,7 @@ fn matvec_t_on(path: Path, data: &[u16], rows: usize, cols: usize, x: &[f32], y:
         Path::Scalar => scalar::matvec_t(data, cols, x, first_col, y),
         // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2Fma => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
+        Path::Avx2Fma | Path::Avx512 => unsafe { avx2::matvec_t(data, cols, x, first_col, y) },
         // SAFETY: this path is only chosen when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Path::Neon => unsafe { neon::matvec_t(data, cols, x, first_col, y) },
@@ -551,7 +593,7 @@ fn dot_on(path: Path, a: &[f32], b: &[f32]) -> f32 {
         Path::Scalar => scalar::dot(a, b),
         // SAFETY: this path is only chosen when the CPU has AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2Fma => unsafe { avx2::dot(a, b) },
+        Path::Avx2Fma | Path::Avx512 => unsafe { avx2::dot(a, b) },
         // SAFETY: this path is only chosen when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Path::Neon => unsafe { neon::dot(a, b) },

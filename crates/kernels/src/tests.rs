@@ -149,7 +149,7 @@ fn decode_all_bytes(scale: u8) -> Vec<(&'static str, Vec<f32>)> {
     decode_mxfp4_row(&bytes, &[scale; 16], &mut scalar);
     let mut decoded = vec![("scalar", scalar)];
     #[cfg(target_arch = "x86_64")]
-    if detected_path() == Path::Avx2Fma {
+    if supported_paths().contains(&Path::Avx2Fma) {
         let avx2 = bytes
             .chunks_exact(16)
             .flat_map(|b| avx2::decode_mxfp4_block(b.try_into().unwrap(), scale));
@@ -521,11 +521,10 @@ fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
+/// Every path this CPU runs: the SIMD-versus-scalar checks compare each with scalar.
 fn paths() -> Vec<Path> {
-    let mut paths = vec![Path::Scalar];
-    if detected_path() != Path::Scalar {
-        paths.push(detected_path());
-    } else {
+    let paths = supported_paths().to_vec();
+    if paths.len() == 1 {
         eprintln!(
             "note: this CPU has no SIMD path; SIMD-versus-scalar checks compare scalar with itself"
         );
@@ -606,8 +605,10 @@ fn matmul_simd_and_scalar_are_bit_identical() {
                     *v = [0.0, -0.0, 1e-40, -3e38, 1e-30][rng.gen_range(0..5)];
                 }
                 let scalar = run_matmul(Path::Scalar, &m.matrix(), &x, n);
-                let simd = run_matmul(detected_path(), &m.matrix(), &x, n);
-                assert_same_bits(&scalar, &simd, &format!("{} n={n}", m.name()));
+                for path in paths() {
+                    let simd = run_matmul(path, &m.matrix(), &x, n);
+                    assert_same_bits(&scalar, &simd, &format!("{} {path:?} n={n}", m.name()));
+                }
             }
         }
     }
@@ -982,11 +983,16 @@ fn dot_follows_the_documented_order_on_every_path() {
 }
 
 #[test]
-fn force_scalar_switches_the_path() {
-    set_force_scalar(true);
-    assert_eq!(isa(), "scalar");
-    set_force_scalar(false);
+fn set_isa_switches_the_path_and_names_the_choices() {
+    for name in isas() {
+        set_isa(Some(name)).unwrap();
+        assert_eq!(isa(), name);
+    }
+    let err = set_isa(Some("avx1024")).unwrap_err();
+    assert!(err.contains("avx1024") && err.contains("scalar"), "{err}");
+    set_isa(None).unwrap();
     assert_eq!(isa(), detected_path().name());
+    assert_eq!(isas().last(), Some(&isa()));
 }
 
 /// Every AArch64 CPU that runs Linux or macOS has NEON: a scalar path here would mean the detection

@@ -1,0 +1,267 @@
+//! The AVX-512 path for the nibble encodings (MXFP4, INT4) with one to three x rows: a 16-entry `vpermps`
+//! table holds every signed weight of a 32-weight block, scale applied, so one permute decodes 16 weights
+//! where AVX2 spends five instructions on eight. Everything else runs on the AVX2 path.
+//!
+//! Lane order: the 16 bytes of a block widen to 16 lanes, byte j in lane j, whose low nibble is element 2j
+//! and high nibble element 2j + 1. So one accumulator holds the crate's even lanes (0, 2, .., 30) and one
+//! its odd lanes, each lane still adding its elements in increasing order; x is read in that order (each
+//! x row's blocks de-interleaved once per call), and the two accumulators are interleaved back into lanes
+//! 0–31 before the crate's tree. The same fmas in the same order: the same bits as every other path.
+//!
+//! Every function here is `unsafe` because it requires a CPU with AVX-512F, AVX2, FMA and F16C; callers
+//! check first.
+
+use crate::avx2::{self, Lanes};
+use crate::codec::{bf16_to_f32, E8M0};
+use crate::Matrix;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+pub(crate) unsafe fn matmul_rows(
+    w: &Matrix,
+    x: &[f32],
+    n: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    // Four x rows or more go through AVX2's many-token path, which decodes each weight once for them all.
+    let blocked = avx2::gemm_tokens(n);
+    let cols = w.cols();
+    let rest = &x[blocked * cols..];
+    match *w {
+        Matrix::Mxfp4 { packed, scales, .. } if blocked < n => {
+            gemm_part(w, x, blocked, range.clone(), emit);
+            rows_with(
+                |r| Mxfp4Row {
+                    packed: packed[r * cols / 2..].as_ptr(),
+                    scales: scales[r * cols / 32..].as_ptr(),
+                },
+                cols,
+                rest,
+                range,
+                &mut |t, r, v| emit(blocked + t, r, v),
+            )
+        }
+        Matrix::Int4Group { packed, scales, .. } if blocked < n => {
+            gemm_part(w, x, blocked, range.clone(), emit);
+            rows_with(
+                |r| Int4Row {
+                    packed: packed[r * cols / 2..].as_ptr(),
+                    scales: scales[r * cols / 32..].as_ptr(),
+                },
+                cols,
+                rest,
+                range,
+                &mut |t, r, v| emit(blocked + t, r, v),
+            )
+        }
+        _ => avx2::matmul_rows(w, x, n, range, emit),
+    }
+}
+
+/// The first `blocked` x rows on AVX2's many-token path (nothing when `blocked` is 0).
+unsafe fn gemm_part(
+    w: &Matrix,
+    x: &[f32],
+    blocked: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    if blocked > 0 {
+        avx2::matmul_rows(w, &x[..blocked * w.cols()], blocked, range, emit);
+    }
+}
+
+/// One row of a nibble encoding: its packed bytes, and each block's 16-entry table of signed weights.
+trait NibbleRow {
+    /// The 16 weights a nibble of 32-weight block b can stand for, scale applied.
+    unsafe fn table(&self, b: usize) -> __m512;
+    fn packed(&self) -> *const u8;
+}
+
+struct Mxfp4Row {
+    packed: *const u8,
+    scales: *const u8,
+}
+
+impl NibbleRow for Mxfp4Row {
+    /// The magnitudes times the scale, then the sign bit set on entries 8..16: AVX2's decoder applies the
+    /// sign the same way after the same multiply, so even a NaN scale gives the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn table(&self, b: usize) -> __m512 {
+        let magnitudes = _mm512_setr_ps(
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+        );
+        let sign = i32::MIN;
+        let signs = _mm512_setr_epi32(
+            0, 0, 0, 0, 0, 0, 0, 0, sign, sign, sign, sign, sign, sign, sign, sign,
+        );
+        let scale = _mm512_set1_ps(E8M0[usize::from(*self.scales.add(b))]);
+        let scaled = _mm512_castps_si512(_mm512_mul_ps(magnitudes, scale));
+        _mm512_castsi512_ps(_mm512_xor_si512(scaled, signs))
+    }
+
+    fn packed(&self) -> *const u8 {
+        self.packed
+    }
+}
+
+struct Int4Row {
+    packed: *const u8,
+    scales: *const u16,
+}
+
+impl NibbleRow for Int4Row {
+    /// (nibble - 8) times the scale: AVX2's and the codec's product, one multiply each.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn table(&self, b: usize) -> __m512 {
+        let q = _mm512_setr_ps(
+            -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+        );
+        _mm512_mul_ps(q, _mm512_set1_ps(bf16_to_f32(*self.scales.add(b))))
+    }
+
+    fn packed(&self) -> *const u8 {
+        self.packed
+    }
+}
+
+thread_local! {
+    /// The x rows of the call in lane order (see the module docs), reused from call to call.
+    static LANE_ORDER_X: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows `range` of W times the n (1 to 3) x rows.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn rows_with<R: NibbleRow>(
+    row_at: impl Fn(usize) -> R,
+    cols: usize,
+    x: &[f32],
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    let n = x.len() / cols.max(1);
+    LANE_ORDER_X.with_borrow_mut(|xp| {
+        if xp.len() < x.len() {
+            xp.resize(x.len(), 0.0);
+        }
+        let xp = &mut xp[..x.len()];
+        for (from, to) in x.chunks_exact(32).zip(xp.chunks_exact_mut(32)) {
+            deinterleave(from, to);
+        }
+        let xp = xp.as_ptr();
+        let mut r = range.start;
+        // Two rows at a time: each accumulator's fma waits for the previous one, so a second row's chains
+        // keep the FMA units busy.
+        while r + 2 <= range.end {
+            let rows = [row_at(r), row_at(r + 1)];
+            match n {
+                1 => put(r, block_rows::<R, 2, 1>(&rows, xp, cols), emit),
+                2 => put(r, block_rows::<R, 2, 2>(&rows, xp, cols), emit),
+                _ => put(r, block_rows::<R, 2, 3>(&rows, xp, cols), emit),
+            }
+            r += 2;
+        }
+        if r < range.end {
+            let rows = [row_at(r)];
+            match n {
+                1 => put(r, block_rows::<R, 1, 1>(&rows, xp, cols), emit),
+                2 => put(r, block_rows::<R, 1, 2>(&rows, xp, cols), emit),
+                _ => put(r, block_rows::<R, 1, 3>(&rows, xp, cols), emit),
+            }
+        }
+    });
+}
+
+/// One 32-element block of x in lane order: the even elements, then the odd ones.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn deinterleave(from: &[f32], to: &mut [f32]) {
+    let (a, b) = (
+        _mm512_loadu_ps(from.as_ptr()),
+        _mm512_loadu_ps(from.as_ptr().add(16)),
+    );
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _mm512_storeu_ps(to.as_mut_ptr(), _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(to.as_mut_ptr().add(16), _mm512_permutex2var_ps(a, odd, b));
+}
+
+/// How far ahead of a row's block its bytes are prefetched. The hardware prefetcher alone left one thread at
+/// 6.5–7 GB/s of MXFP4 from DRAM (11.7 in L3); 2–8 KiB ahead gave 10–11 (Zen 4, `examples/bench --rows
+/// 32768`), 512 bytes 7.6.
+const PREFETCH_AHEAD: usize = 4096;
+
+/// The even and odd lanes of one (row, x row) pair.
+type Halves = (__m512, __m512);
+
+/// NR weight rows times NT lane-ordered x rows (`xp`, NT rows of `cols`).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn block_rows<R: NibbleRow, const NR: usize, const NT: usize>(
+    rows: &[R; NR],
+    xp: *const f32,
+    cols: usize,
+) -> [[Halves; NT]; NR] {
+    let zero = _mm512_setzero_ps();
+    let mut acc = [[(zero, zero); NT]; NR];
+    for b in 0..cols / 32 {
+        for (row, acc) in rows.iter().zip(&mut acc) {
+            let table = row.table(b);
+            // Past the matrix's end this names bytes it never reads: prefetches do not fault.
+            _mm_prefetch::<_MM_HINT_T0>(row.packed().wrapping_add(b * 16 + PREFETCH_AHEAD).cast());
+            let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.packed().add(b * 16).cast()));
+            // vpermps reads the index's low four bits: the low nibble, then (shifted) the high one.
+            let even = _mm512_permutexvar_ps(bytes, table);
+            let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table);
+            for (t, (e, o)) in acc.iter_mut().enumerate() {
+                let x = xp.add(t * cols + b * 32);
+                *e = _mm512_fmadd_ps(even, _mm512_loadu_ps(x), *e);
+                *o = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x.add(16)), *o);
+            }
+        }
+    }
+    acc
+}
+
+/// Hands each (row, x row) pair's sum to `emit`, its lanes put back in the crate's order for the tree.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn put<const NR: usize, const NT: usize>(
+    first_row: usize,
+    acc: [[Halves; NT]; NR],
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    for (i, acc) in acc.iter().enumerate() {
+        for (t, &(even, odd)) in acc.iter().enumerate() {
+            emit(t, first_row + i, avx2::fold(interleave(even, odd)));
+        }
+    }
+}
+
+/// Lanes 0–31 from the even and odd ones.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn interleave(even: __m512, odd: __m512) -> Lanes {
+    let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let (a, b) = (
+        _mm512_permutex2var_ps(even, low, odd),
+        _mm512_permutex2var_ps(even, high, odd),
+    );
+    [halve(a, 0), halve(a, 1), halve(b, 0), halve(b, 1)]
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn halve(v: __m512, upper: usize) -> __m256 {
+    let v = _mm512_castps_pd(v);
+    _mm256_castpd_ps(if upper == 1 {
+        _mm512_extractf64x4_pd::<1>(v)
+    } else {
+        _mm512_castpd512_pd256(v)
+    })
+}
