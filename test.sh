@@ -26,4 +26,6 @@ export LD_LIBRARY_PATH="$PWD/$NVRTC_DIR/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_L
 python3 tools/imports/cycles.py --self-test
 python3 tools/imports/cycles.py
 
+# Which kernel paths this machine runs, so the log says which ones the bit-identity tests compared.
+grep -o -w 'avx2\|fma\|avx512f' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ' | sed 's/^/cpu: /;s/$/\n/' || true
 cargo test --workspace --release --locked "$@"

@@ -381,15 +381,17 @@ pub fn isas() -> Vec<&'static str> {
 pub fn set_isa(name: Option<&str>) -> Result<(), String> {
     let chosen = match name {
         None => 0,
-        Some(name) => 1 + supported_paths()
-            .iter()
-            .position(|p| p.name() == name)
-            .ok_or_else(|| {
-                format!(
+        Some(name) => {
+            1 + supported_paths()
+                .iter()
+                .position(|p| p.name() == name)
+                .ok_or_else(|| {
+                    format!(
                     "kernel instruction set {name:?} is not one this CPU runs; choose one of {}",
                     isas().join(", ")
                 )
-            })?,
+                })?
+        }
     };
     CHOSEN.store(chosen, Ordering::Relaxed);
     Ok(())

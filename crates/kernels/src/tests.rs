@@ -529,6 +529,10 @@ fn paths() -> Vec<Path> {
             "note: this CPU has no SIMD path; SIMD-versus-scalar checks compare scalar with itself"
         );
     }
+    #[cfg(target_arch = "x86_64")]
+    if !paths.contains(&Path::Avx512) {
+        eprintln!("note: this CPU has no AVX-512; its path is not compared here");
+    }
     paths
 }
 

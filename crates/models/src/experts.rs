@@ -8,6 +8,7 @@ use deltafin_kernels::codec::bf16_to_f32;
 use deltafin_kernels::{matmul, Matrix};
 use deltafin_store::record::{Encoding, ExpertRecord, Role};
 use deltafin_store::ExpertStore;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -92,6 +93,9 @@ pub struct ExpertSet {
     pub layer: usize,
     record: Arc<ExpertRecord>,
     act: Act,
+    /// MXFP4 experts whose scales were found free of 255 (NaN): a record's bytes come from the same file
+    /// every time it is read, so each is searched once, not on every use.
+    scales_checked: Mutex<HashSet<usize>>,
 }
 
 impl ExpertSet {
@@ -106,6 +110,7 @@ impl ExpertSet {
             layer,
             record,
             act,
+            scales_checked: Mutex::default(),
         }
     }
 
@@ -129,9 +134,8 @@ impl ExpertSet {
             &record[at..at + len]
         };
         let mxfp4 = matches!(lay.encoding, Encoding::Mxfp4 | Encoding::Mxfp4Biased);
-        if mxfp4 {
+        if mxfp4 && !self.scales_checked.lock().unwrap().contains(&e) {
             for &(role, ..) in &lay.matrices {
-                // A vector search: the check runs on every use of a record.
                 if let Some(pos) = memchr::memchr(255, part(role, 1)) {
                     bail!(
                         "layer {} expert {e}: scale byte {pos} of {role:?} is 255 (NaN in e8m0); the checkpoint is damaged",
@@ -139,6 +143,7 @@ impl ExpertSet {
                     );
                 }
             }
+            self.scales_checked.lock().unwrap().insert(e);
         }
         // Weights are read in place; only BF16 values (and scales, biases) are widened out of the byte record.
         let owned: Vec<Vec<u16>> = lay
