@@ -4,9 +4,9 @@
 //!
 //! Lane order: the 16 bytes of a block widen to 16 lanes, byte j in lane j, whose low nibble is element 2j
 //! and high nibble element 2j + 1. So one accumulator holds the crate's even lanes (0, 2, .., 30) and one
-//! its odd lanes, each lane still adding its elements in increasing order; x is read in that order (each
-//! x row's blocks de-interleaved once per call), and the two accumulators are interleaved back into lanes
-//! 0–31 before the crate's tree. The same fmas in the same order: the same bits as every other path.
+//! its odd lanes, each lane still adding its elements in increasing order; x is read in that order (its
+//! blocks de-interleaved once per product: [`lane_order`]), and the two accumulators are interleaved back
+//! into lanes 0–31 before the crate's tree. The same fmas in the same order: the same bits as every other path.
 //!
 //! Every function here is `unsafe` because it requires a CPU with AVX-512F, AVX2, FMA and F16C; callers
 //! check first.
@@ -15,48 +15,64 @@ use crate::avx2::{self, Lanes};
 use crate::codec::{bf16_to_f32, E8M0};
 use crate::Matrix;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
 use std::ops::Range;
 
+/// Whether this path computes some of `n` x rows times `w` itself (the rest go to AVX2).
+pub(crate) fn takes(w: &Matrix, n: usize) -> bool {
+    matches!(w, Matrix::Mxfp4 { .. } | Matrix::Int4Group { .. }) && avx2::gemm_tokens(n) < n
+}
+
+/// The x rows this path reads (those past AVX2's many-token blocks), each 32-element block's even elements
+/// first, then its odd ones: arranged once per product, not per task.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(crate) unsafe fn lane_order(x: &[f32], n: usize) -> Vec<f32> {
+    let rest = &x[avx2::gemm_tokens(n) * (x.len() / n)..];
+    let mut out = vec![0.0; rest.len()];
+    for (from, to) in rest.chunks_exact(32).zip(out.chunks_exact_mut(32)) {
+        deinterleave(from, to);
+    }
+    out
+}
+
+/// `lanes`: [`lane_order`] of x where [`takes`] holds.
 pub(crate) unsafe fn matmul_rows(
     w: &Matrix,
     x: &[f32],
+    lanes: &[f32],
     n: usize,
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
 ) {
+    if !takes(w, n) {
+        return avx2::matmul_rows(w, x, n, range, emit);
+    }
     // Four x rows or more go through AVX2's many-token path, which decodes each weight once for them all.
     let blocked = avx2::gemm_tokens(n);
     let cols = w.cols();
-    let rest = &x[blocked * cols..];
+    gemm_part(w, x, blocked, range.clone(), emit);
+    let emit = &mut |t, r, v| emit(blocked + t, r, v);
     match *w {
-        Matrix::Mxfp4 { packed, scales, .. } if blocked < n => {
-            gemm_part(w, x, blocked, range.clone(), emit);
-            rows_with(
-                |r| Mxfp4Row {
-                    packed: packed[r * cols / 2..].as_ptr(),
-                    scales: scales[r * cols / 32..].as_ptr(),
-                },
-                cols,
-                rest,
-                range,
-                &mut |t, r, v| emit(blocked + t, r, v),
-            )
-        }
-        Matrix::Int4Group { packed, scales, .. } if blocked < n => {
-            gemm_part(w, x, blocked, range.clone(), emit);
-            rows_with(
-                |r| Int4Row {
-                    packed: packed[r * cols / 2..].as_ptr(),
-                    scales: scales[r * cols / 32..].as_ptr(),
-                },
-                cols,
-                rest,
-                range,
-                &mut |t, r, v| emit(blocked + t, r, v),
-            )
-        }
-        _ => avx2::matmul_rows(w, x, n, range, emit),
+        Matrix::Mxfp4 { packed, scales, .. } => rows_with(
+            |r| Mxfp4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            lanes,
+            range,
+            emit,
+        ),
+        Matrix::Int4Group { packed, scales, .. } => rows_with(
+            |r| Int4Row {
+                packed: packed[r * cols / 2..].as_ptr(),
+                scales: scales[r * cols / 32..].as_ptr(),
+            },
+            cols,
+            lanes,
+            range,
+            emit,
+        ),
+        Matrix::Bf16 { .. } | Matrix::Fp8Block { .. } => unreachable!("`takes` holds"),
     }
 }
 
@@ -129,51 +145,49 @@ impl NibbleRow for Int4Row {
     }
 }
 
-thread_local! {
-    /// The x rows of the call in lane order (see the module docs), reused from call to call.
-    static LANE_ORDER_X: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
+/// How many weight rows go through a block together: each accumulator's fma waits for the previous one, so
+/// a second row's chains keep the FMA units busy, and each x vector loaded serves both. (Four: the same
+/// from L3, 18 against 22.5 GB/s from DRAM on two threads — more streams than the prefetching serves.)
+const ROWS_TOGETHER: usize = 2;
 
-/// Rows `range` of W times the n (1 to 3) x rows.
+/// Rows `range` of W times the 1 to 3 lane-ordered x rows `xp`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn rows_with<R: NibbleRow>(
     row_at: impl Fn(usize) -> R,
     cols: usize,
-    x: &[f32],
+    xp: &[f32],
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
 ) {
-    let n = x.len() / cols.max(1);
-    LANE_ORDER_X.with_borrow_mut(|xp| {
-        if xp.len() < x.len() {
-            xp.resize(x.len(), 0.0);
-        }
-        let xp = &mut xp[..x.len()];
-        for (from, to) in x.chunks_exact(32).zip(xp.chunks_exact_mut(32)) {
-            deinterleave(from, to);
-        }
-        let xp = xp.as_ptr();
-        let mut r = range.start;
-        // Two rows at a time: each accumulator's fma waits for the previous one, so a second row's chains
-        // keep the FMA units busy.
-        while r + 2 <= range.end {
-            let rows = [row_at(r), row_at(r + 1)];
-            match n {
-                1 => put(r, block_rows::<R, 2, 1>(&rows, xp, cols), emit),
-                2 => put(r, block_rows::<R, 2, 2>(&rows, xp, cols), emit),
-                _ => put(r, block_rows::<R, 2, 3>(&rows, xp, cols), emit),
-            }
-            r += 2;
-        }
-        if r < range.end {
-            let rows = [row_at(r)];
-            match n {
-                1 => put(r, block_rows::<R, 1, 1>(&rows, xp, cols), emit),
-                2 => put(r, block_rows::<R, 1, 2>(&rows, xp, cols), emit),
-                _ => put(r, block_rows::<R, 1, 3>(&rows, xp, cols), emit),
-            }
-        }
-    });
+    let n = xp.len() / cols.max(1);
+    let xp = xp.as_ptr();
+    let mut r = range.start;
+    while r + ROWS_TOGETHER <= range.end {
+        group::<R, ROWS_TOGETHER>(&row_at, r, n, xp, cols, emit);
+        r += ROWS_TOGETHER;
+    }
+    for r in r..range.end {
+        group::<R, 1>(&row_at, r, n, xp, cols, emit);
+    }
+}
+
+/// Rows first..first + NR times the n lane-ordered x rows at `xp`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn group<R: NibbleRow, const NR: usize>(
+    row_at: &impl Fn(usize) -> R,
+    first: usize,
+    n: usize,
+    xp: *const f32,
+    cols: usize,
+    emit: &mut impl FnMut(usize, usize, f32),
+) {
+    let rows: [R; NR] = std::array::from_fn(|i| row_at(first + i));
+    match n {
+        1 => put(first, block_rows::<R, NR, 1>(&rows, xp, cols), emit),
+        2 => put(first, block_rows::<R, NR, 2>(&rows, xp, cols), emit),
+        _ => put(first, block_rows::<R, NR, 3>(&rows, xp, cols), emit),
+    }
 }
 
 /// One 32-element block of x in lane order: the even elements, then the odd ones.

@@ -445,6 +445,7 @@ fn matmul_many_on(path: Path, products: &mut [(Matrix, &mut [f32])], x: &[f32], 
         .iter_mut()
         .map(|(w, y)| (*w, OutPtr(y.as_mut_ptr())))
         .collect();
+    let lanes = lane_order(path, &outs, x, n);
     let run = |p: usize, range: Range<usize>| {
         let (w, out) = &outs[p];
         let rows = w.rows();
@@ -452,7 +453,7 @@ fn matmul_many_on(path: Path, products: &mut [(Matrix, &mut [f32])], x: &[f32], 
         // and the (product, row range) pairs given to concurrent calls are disjoint, so no element is
         // written twice at once.
         let mut emit = |t: usize, r: usize, v: f32| unsafe { *out.get().add(t * rows + r) = v };
-        matmul_rows(path, w, x, n, range, &mut emit);
+        matmul_rows(path, w, x, &lanes, n, range, &mut emit);
     };
     let work: usize = outs.iter().map(|(w, _)| w.rows() * w.cols() * n).sum();
     if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
@@ -476,11 +477,28 @@ fn matmul_many_on(path: Path, products: &mut [(Matrix, &mut [f32])], x: &[f32], 
     tasks.into_par_iter().for_each(|(p, range)| run(p, range));
 }
 
-/// Computes rows `range` of W times every x row, handing each result to `emit(t, r, value)`.
+/// x as a path reads it besides its plain rows, arranged once per call rather than per task: the AVX-512
+/// path's nibble products read it in their lane order (avx512.rs). Empty where nothing needs it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn lane_order(path: Path, products: &[(Matrix, OutPtr)], x: &[f32], n: usize) -> Vec<f32> {
+    match path {
+        // SAFETY: this path is only chosen when the CPU has AVX-512F, AVX2, FMA and F16C.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 if products.iter().any(|(w, _)| avx512::takes(w, n)) => unsafe {
+            avx512::lane_order(x, n)
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// Computes rows `range` of W times every x row, handing each result to `emit(t, r, value)`; `lanes` is
+/// [`lane_order`]'s x.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn matmul_rows(
     path: Path,
     w: &Matrix,
     x: &[f32],
+    lanes: &[f32],
     n: usize,
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
@@ -501,7 +519,7 @@ fn matmul_rows(
         Path::Avx2Fma => unsafe { avx2::matmul_rows(w, x, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has AVX-512F, AVX2, FMA and F16C.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { avx512::matmul_rows(w, x, n, range, emit) },
+        Path::Avx512 => unsafe { avx512::matmul_rows(w, x, lanes, n, range, emit) },
         // SAFETY: this path is only chosen when the CPU has NEON.
         #[cfg(target_arch = "aarch64")]
         Path::Neon => unsafe { neon::matmul_rows(w, x, n, range, emit) },
