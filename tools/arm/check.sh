@@ -52,7 +52,7 @@ same() {
 }
 
 # The [stats] line names the kernels that ran: SIMD on both sides, or the comparison proves little. (An x86
-# machine without AVX2 would stop here; CI machines have it.)
+# machine without AVX2 would stop here; CI machines have it. AVX-512 is compared where the CPU has it.)
 kernels() {
   grep -q "| kernels $2\$" "$1" || {
     echo "arm: expected the $2 kernels; the run said:" >&2
@@ -61,6 +61,12 @@ kernels() {
   }
 }
 
+x86_isas=(avx2+fma)
+if grep -q -w avx512f /proc/cpuinfo; then
+  x86_isas+=(avx512)
+fi
+echo "arm: x86-64 kernel paths compared: ${x86_isas[*]}"
+
 for arch in kimi_k3 kimi_linear; do
   for preset in tiny small; do
     step "$arch $preset: logits on x86-64 and on aarch64"
@@ -68,12 +74,15 @@ for arch in kimi_k3 kimi_linear; do
     $x86 make-model --arch $arch --preset $preset --seed 0 --out "$model" >/dev/null
     # A prompt of several rows (prefill) followed by decode steps; --threads 2 splits the products.
     run=(run --model "$model" --prompt-ids 1,2,3,400,5,6,7,8 --max-new 8 --ignore-eos --print-ids --threads 2 --stats)
-    $x86 "${run[@]}" --dump-logits "$work/x86.npy" >"$work/x86.txt" 2>"$work/x86.err"
     arm "${run[@]}" --dump-logits "$work/arm.npy" >"$work/arm.txt" 2>"$work/arm.err"
-    kernels "$work/x86.err" "avx2+fma"
     kernels "$work/arm.err" neon
-    same npy "$arch $preset logits"
-    same txt "$arch $preset output"
+    # Every x86 SIMD path this machine runs, each against the same aarch64 run.
+    for isa in "${x86_isas[@]}"; do
+      $x86 "${run[@]}" --isa "$isa" --dump-logits "$work/x86.npy" >"$work/x86.txt" 2>"$work/x86.err"
+      kernels "$work/x86.err" "$isa"
+      same npy "$arch $preset logits ($isa)"
+      same txt "$arch $preset output ($isa)"
+    done
     rm -rf "$model"
   done
 done
