@@ -49,61 +49,46 @@ pub(crate) unsafe fn matmul_rows(
     // Four x rows or more go through AVX2's many-token path, which decodes each weight once for them all.
     let blocked = avx2::gemm_tokens(n);
     let cols = w.cols();
-    gemm_part(w, x, blocked, range.clone(), emit);
+    if blocked > 0 {
+        avx2::matmul_rows(w, &x[..blocked * cols], blocked, range.clone(), emit);
+    }
     let emit = &mut |t, r, v| emit(blocked + t, r, v);
     match *w {
-        Matrix::Mxfp4 { packed, scales, .. } => rows_with(
-            |r| Mxfp4Row {
-                packed: packed[r * cols / 2..].as_ptr(),
-                scales: scales[r * cols / 32..].as_ptr(),
-            },
-            cols,
-            lanes,
-            range,
-            emit,
-        ),
-        Matrix::Int4Group { packed, scales, .. } => rows_with(
-            |r| Int4Row {
-                packed: packed[r * cols / 2..].as_ptr(),
-                scales: scales[r * cols / 32..].as_ptr(),
-            },
-            cols,
-            lanes,
-            range,
-            emit,
-        ),
+        Matrix::Mxfp4 { packed, scales, .. } => {
+            rows_with(Nibbles::at(packed, scales, cols), cols, lanes, range, emit)
+        }
+        Matrix::Int4Group { packed, scales, .. } => {
+            rows_with(Nibbles::at(packed, scales, cols), cols, lanes, range, emit)
+        }
         Matrix::Bf16 { .. } | Matrix::Fp8Block { .. } => unreachable!("`takes` holds"),
     }
 }
 
-/// The first `blocked` x rows on AVX2's many-token path (nothing when `blocked` is 0).
-unsafe fn gemm_part(
-    w: &Matrix,
-    x: &[f32],
-    blocked: usize,
-    range: Range<usize>,
-    emit: &mut impl FnMut(usize, usize, f32),
-) {
-    if blocked > 0 {
-        avx2::matmul_rows(w, &x[..blocked * w.cols()], blocked, range, emit);
+/// One row of a nibble encoding: its packed bytes and its per-block scales (E8M0 bytes for MXFP4, BF16 for
+/// INT4, which picks the table).
+struct Nibbles<S> {
+    packed: *const u8,
+    scales: *const S,
+}
+
+impl<S> Nibbles<S> {
+    /// The row decoder of row r of the matrix (packed, scales, cols).
+    fn at<'a>(packed: &'a [u8], scales: &'a [S], cols: usize) -> impl Fn(usize) -> Self + 'a {
+        move |r| Nibbles {
+            packed: packed[r * cols / 2..].as_ptr(),
+            scales: scales[r * cols / 32..].as_ptr(),
+        }
     }
 }
 
-/// One row of a nibble encoding: its packed bytes, and each block's 16-entry table of signed weights.
-trait NibbleRow {
-    /// The 16 weights a nibble of 32-weight block b can stand for, scale applied.
+/// The 16 weights a nibble of 32-weight block b can stand for, scale applied.
+trait Table {
     unsafe fn table(&self, b: usize) -> __m512;
-    fn packed(&self) -> *const u8;
 }
 
-struct Mxfp4Row {
-    packed: *const u8,
-    scales: *const u8,
-}
-
-impl NibbleRow for Mxfp4Row {
-    /// The magnitudes times the scale, then the sign bit set on entries 8..16: AVX2's decoder applies the
-    /// sign the same way after the same multiply, so even a NaN scale gives the same bits.
+impl Table for Nibbles<u8> {
+    /// MXFP4: the magnitudes times the scale, then the sign bit set on entries 8..16: AVX2's decoder applies
+    /// the sign the same way after the same multiply, so even a NaN scale gives the same bits.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn table(&self, b: usize) -> __m512 {
@@ -118,19 +103,10 @@ impl NibbleRow for Mxfp4Row {
         let scaled = _mm512_castps_si512(_mm512_mul_ps(magnitudes, scale));
         _mm512_castsi512_ps(_mm512_xor_si512(scaled, signs))
     }
-
-    fn packed(&self) -> *const u8 {
-        self.packed
-    }
 }
 
-struct Int4Row {
-    packed: *const u8,
-    scales: *const u16,
-}
-
-impl NibbleRow for Int4Row {
-    /// (nibble - 8) times the scale: AVX2's and the codec's product, one multiply each.
+impl Table for Nibbles<u16> {
+    /// INT4: (nibble - 8) times the scale, AVX2's and the codec's product, one multiply each.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn table(&self, b: usize) -> __m512 {
@@ -138,10 +114,6 @@ impl NibbleRow for Int4Row {
             -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
         );
         _mm512_mul_ps(q, _mm512_set1_ps(bf16_to_f32(*self.scales.add(b))))
-    }
-
-    fn packed(&self) -> *const u8 {
-        self.packed
     }
 }
 
@@ -152,41 +124,45 @@ const ROWS_TOGETHER: usize = 2;
 
 /// Rows `range` of W times the 1 to 3 lane-ordered x rows `xp`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn rows_with<R: NibbleRow>(
-    row_at: impl Fn(usize) -> R,
+unsafe fn rows_with<S>(
+    row_at: impl Fn(usize) -> Nibbles<S>,
     cols: usize,
     xp: &[f32],
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
-) {
+) where
+    Nibbles<S>: Table,
+{
     let n = xp.len() / cols.max(1);
     let xp = xp.as_ptr();
     let mut r = range.start;
     while r + ROWS_TOGETHER <= range.end {
-        group::<R, ROWS_TOGETHER>(&row_at, r, n, xp, cols, emit);
+        group::<S, ROWS_TOGETHER>(&row_at, r, n, xp, cols, emit);
         r += ROWS_TOGETHER;
     }
     for r in r..range.end {
-        group::<R, 1>(&row_at, r, n, xp, cols, emit);
+        group::<S, 1>(&row_at, r, n, xp, cols, emit);
     }
 }
 
 /// Rows first..first + NR times the n lane-ordered x rows at `xp`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn group<R: NibbleRow, const NR: usize>(
-    row_at: &impl Fn(usize) -> R,
+unsafe fn group<S, const NR: usize>(
+    row_at: &impl Fn(usize) -> Nibbles<S>,
     first: usize,
     n: usize,
     xp: *const f32,
     cols: usize,
     emit: &mut impl FnMut(usize, usize, f32),
-) {
-    let rows: [R; NR] = std::array::from_fn(|i| row_at(first + i));
+) where
+    Nibbles<S>: Table,
+{
+    let rows: [Nibbles<S>; NR] = std::array::from_fn(|i| row_at(first + i));
     match n {
-        1 => put(first, block_rows::<R, NR, 1>(&rows, xp, cols), emit),
-        2 => put(first, block_rows::<R, NR, 2>(&rows, xp, cols), emit),
-        _ => put(first, block_rows::<R, NR, 3>(&rows, xp, cols), emit),
+        1 => put(first, block_rows::<S, NR, 1>(&rows, xp, cols), emit),
+        2 => put(first, block_rows::<S, NR, 2>(&rows, xp, cols), emit),
+        _ => put(first, block_rows::<S, NR, 3>(&rows, xp, cols), emit),
     }
 }
 
@@ -215,19 +191,22 @@ type Halves = (__m512, __m512);
 /// NR weight rows times NT lane-ordered x rows (`xp`, NT rows of `cols`).
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn block_rows<R: NibbleRow, const NR: usize, const NT: usize>(
-    rows: &[R; NR],
+unsafe fn block_rows<S, const NR: usize, const NT: usize>(
+    rows: &[Nibbles<S>; NR],
     xp: *const f32,
     cols: usize,
-) -> [[Halves; NT]; NR] {
+) -> [[Halves; NT]; NR]
+where
+    Nibbles<S>: Table,
+{
     let zero = _mm512_setzero_ps();
     let mut acc = [[(zero, zero); NT]; NR];
     for b in 0..cols / 32 {
         for (row, acc) in rows.iter().zip(&mut acc) {
             let table = row.table(b);
             // Past the matrix's end this names bytes it never reads: prefetches do not fault.
-            _mm_prefetch::<_MM_HINT_T0>(row.packed().wrapping_add(b * 16 + PREFETCH_AHEAD).cast());
-            let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.packed().add(b * 16).cast()));
+            _mm_prefetch::<_MM_HINT_T0>(row.packed.wrapping_add(b * 16 + PREFETCH_AHEAD).cast());
+            let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.packed.add(b * 16).cast()));
             // vpermps reads the index's low four bits: the low nibble, then (shifted) the high one.
             let even = _mm512_permutexvar_ps(bytes, table);
             let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table);
