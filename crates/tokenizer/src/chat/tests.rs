@@ -282,6 +282,22 @@ fn jinja_template_features_and_fallback() {
 }
 
 #[test]
+fn jinja_render_error_across_a_carriage_return_is_an_error() {
+    // Found by fuzzing: with minijinja's "debug" feature, a build with debug assertions drew a source
+    // excerpt into the message and panicked on this span across "\r" (the tokenizer crate now leaves that
+    // feature off; `cargo test` without --release exercises it). The failure must come back as an error.
+    let src =
+        "{%- set ns = namespace(sys='') -%}{%- for \r in messages -%}{%- if m.role == 'system' -%}\
+               {%- set ns.sys = m.content -%}{%- endif -%}{%- endfor -%}{{Yns.sys | upper }}\
+               {% for m in messages if mendif %}</{{ m.role }}>{% endfor %}";
+    let t = ChatTemplate::new(src, "", "").unwrap();
+    let err = t
+        .render(&[ChatMessage::user("hi")], true, None)
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("chat template"), "{err:#}");
+}
+
+#[test]
 fn jinja_template_from_checkpoint_files() {
     let dir = tempfile::tempdir().unwrap();
     assert!(ChatTemplate::from_dir(dir.path()).unwrap().is_none());
