@@ -1,16 +1,14 @@
-//! Weight bandwidth of `matmul` on a 4096x4096 matrix in each encoding (BF16, MXFP4, FP8 with 128x128 block
+//! Weight bandwidth of `matmul` on a ROWSxCOLS matrix (4096x4096 unless given) in each encoding (BF16, MXFP4, FP8 with 128x128 block
 //! scales, INT4 with group-32 scales): GB/s of stored weight bytes (scales included) per product, for
-//! n = 1 (decode), n = 16 and n = 64 (prefill), on one thread and on the whole rayon pool.
+//! n = 1 (decode), n = 3 (a check of two guesses), n = 16 and n = 64 (prefill), on one thread and on the whole rayon pool.
 //!
-//! `cargo run -p deltafin-kernels --release --example bench [-- --isa scalar|avx2+fma|avx512|neon] [--rows N]`
+//! `cargo run -p deltafin-kernels --release --example bench [-- --isa scalar|avx2+fma|avx512|neon] [--rows N] [--cols N]`
 //! (the default isa: the best this CPU has; more rows put the matrix beyond the caches)
 
 use deltafin_kernels::{codec::f32_to_bf16, isa, matmul, set_isa, Matrix, FP8_BLOCK};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::time::{Duration, Instant};
-
-const COLS: usize = 4096;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -23,62 +21,68 @@ fn main() {
         eprintln!("{e}");
         std::process::exit(2);
     }
-    let rows: usize = value("--rows").map_or(4096, |r| r.parse().expect("--rows takes a number"));
+    let number = |flag: &str| {
+        value(flag).map_or(4096, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{flag} takes a number"))
+        })
+    };
+    let (rows, cols): (usize, usize) = (number("--rows"), number("--cols"));
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let bf16: Vec<u16> = (0..rows * COLS)
+    let bf16: Vec<u16> = (0..rows * cols)
         .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
         .collect();
-    let packed: Vec<u8> = (0..rows * COLS / 2).map(|_| rng.gen()).collect();
-    let scales: Vec<u8> = (0..rows * COLS / 32)
+    let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.gen()).collect();
+    let scales: Vec<u8> = (0..rows * cols / 32)
         .map(|_| rng.gen_range(120..130))
         .collect();
     // Every e4m3 byte but the NaNs (0x7f, 0xff).
-    let fp8: Vec<u8> = (0..rows * COLS)
+    let fp8: Vec<u8> = (0..rows * cols)
         .map(|_| rng.gen_range(0..0x7F) | (rng.gen::<u8>() & 0x80))
         .collect();
-    let scale_inv: Vec<f32> = (0..(rows.div_ceil(FP8_BLOCK)) * (COLS / FP8_BLOCK))
+    let scale_inv: Vec<f32> = (0..(rows.div_ceil(FP8_BLOCK)) * (cols / FP8_BLOCK))
         .map(|_| rng.gen_range(1e-4..1e-2))
         .collect();
-    let int4: Vec<u8> = (0..rows * COLS / 2).map(|_| rng.gen()).collect();
-    let int4_scales: Vec<u16> = (0..rows * COLS / 32)
+    let int4: Vec<u8> = (0..rows * cols / 2).map(|_| rng.gen()).collect();
+    let int4_scales: Vec<u16> = (0..rows * cols / 32)
         .map(|_| f32_to_bf16(rng.gen_range(1e-3..1e-1)))
         .collect();
     let matrices = [
         (
             "bf16",
-            Matrix::bf16(&bf16, rows, COLS).unwrap(),
+            Matrix::bf16(&bf16, rows, cols).unwrap(),
             bf16.len() * 2,
         ),
         (
             "mxfp4",
-            Matrix::mxfp4(&packed, &scales, rows, COLS).unwrap(),
+            Matrix::mxfp4(&packed, &scales, rows, cols).unwrap(),
             packed.len() + scales.len(),
         ),
         (
             "fp8",
-            Matrix::fp8_block(&fp8, &scale_inv, rows, COLS).unwrap(),
+            Matrix::fp8_block(&fp8, &scale_inv, rows, cols).unwrap(),
             fp8.len() + scale_inv.len() * 4,
         ),
         (
             "int4",
-            Matrix::int4_group(&int4, &int4_scales, rows, COLS).unwrap(),
+            Matrix::int4_group(&int4, &int4_scales, rows, cols).unwrap(),
             int4.len() + int4_scales.len() * 2,
         ),
     ];
     let all = rayon::current_num_threads();
-    println!("isa {}, {rows}x{COLS}, median of timed runs", isa());
+    println!("isa {}, {rows}x{cols}, median of timed runs", isa());
     for threads in [1, all] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
         for (name, w, bytes) in &matrices {
-            for n in [1, 16, 64] {
-                let x: Vec<f32> = (0..n * COLS).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            for n in [1, 3, 16, 64] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let mut y = vec![0.0; n * rows];
                 let time = pool.install(|| median_time(|| matmul(w, &x, n, &mut y)));
                 let gbs = *bytes as f64 / time.as_secs_f64() / 1e9;
-                let gflops = 2.0 * (rows * COLS * n) as f64 / time.as_secs_f64() / 1e9;
+                let gflops = 2.0 * (rows * cols * n) as f64 / time.as_secs_f64() / 1e9;
                 println!(
                     "{name:5} n={n:2} threads={threads}: {:8.3} ms  {gbs:6.2} GB/s weights  {gflops:6.1} GFLOP/s",
                     time.as_secs_f64() * 1e3

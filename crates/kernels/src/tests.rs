@@ -538,7 +538,7 @@ fn paths() -> Vec<Path> {
 
 /// Widths that are not multiples of 32 (BF16 and FP8 only) have a tail; 200 rows and widths past 128 give
 /// partial FP8 blocks.
-const SHAPES: [(usize, usize); 10] = [
+const SHAPES: [(usize, usize); 11] = [
     (1, 32),
     (3, 64),
     (17, 96),
@@ -549,6 +549,8 @@ const SHAPES: [(usize, usize); 10] = [
     (200, 144),
     (200, 160),
     (9, 300),
+    // Wide enough for BF16's tiles with the next rows fetched ahead (avx2.rs), two row groups, a tail.
+    (11, 2085),
 ];
 
 #[test]
