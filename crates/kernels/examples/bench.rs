@@ -1,9 +1,11 @@
-//! Weight bandwidth of `matmul` on a ROWSxCOLS matrix (4096x4096 unless given) in each encoding (BF16, MXFP4, FP8 with 128x128 block
-//! scales, INT4 with group-32 scales): GB/s of stored weight bytes (scales included) per product, for
-//! n = 1 (decode), n = 3 (a check of two guesses), n = 16 and n = 64 (prefill), on one thread and on the whole rayon pool.
+//! Weight bandwidth of `matmul` on a ROWS x COLS matrix (4096 x 4096 unless given) in each encoding (BF16,
+//! MXFP4, FP8 with 128x128 block scales, INT4 with group-32 scales): GB/s of stored weight bytes (scales
+//! included) per product, for n = 1 (decode), n = 3 (a check of two guesses), n = 16 and n = 64 (prefill),
+//! on one thread and on the whole rayon pool.
 //!
-//! `cargo run -p deltafin-kernels --release --example bench [-- --isa scalar|avx2+fma|avx512|neon] [--rows N] [--cols N]`
-//! (the default isa: the best this CPU has; more rows put the matrix beyond the caches)
+//! `cargo run -p deltafin-kernels --release --example bench [-- --isa scalar|avx2+fma|avx512|neon]
+//! [--rows N] [--cols N]` (the default isa: the best this CPU has; more rows put the matrix beyond the
+//! caches; COLS a multiple of 128, so that every encoding can hold it)
 
 use deltafin_kernels::{codec::f32_to_bf16, isa, matmul, set_isa, Matrix, FP8_BLOCK};
 use rand::{Rng, SeedableRng};
@@ -21,13 +23,23 @@ fn main() {
         eprintln!("{e}");
         std::process::exit(2);
     }
-    let number = |flag: &str| {
-        value(flag).map_or(4096, |v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{flag} takes a number"))
-        })
+    let number = |flag: &str, multiple: usize| -> usize {
+        match value(flag).map_or(Ok(4096), |v| v.parse::<usize>()) {
+            Ok(v) if v > 0 && v % multiple == 0 => v,
+            _ => {
+                let what = match multiple {
+                    1 => "a positive number".to_string(),
+                    m => format!("a positive multiple of {m}"),
+                };
+                eprintln!(
+                    "{flag} takes {what}, not {:?}",
+                    value(flag).map_or("", String::as_str)
+                );
+                std::process::exit(2);
+            }
+        }
     };
-    let (rows, cols): (usize, usize) = (number("--rows"), number("--cols"));
+    let (rows, cols) = (number("--rows", 1), number("--cols", FP8_BLOCK));
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let bf16: Vec<u16> = (0..rows * cols)
         .map(|_| f32_to_bf16(rng.gen_range(-1.0..1.0)))
