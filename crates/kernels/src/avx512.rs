@@ -16,6 +16,7 @@ use crate::codec::{bf16_to_f32, E8M0};
 use crate::Matrix;
 use std::arch::x86_64::*;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// Whether this path computes some of `n` x rows times `w` itself (the rest go to AVX2).
 pub(crate) fn takes(w: &Matrix, n: usize) -> bool {
@@ -54,44 +55,88 @@ pub(crate) unsafe fn matmul_rows(
     }
     let emit = &mut |t, r, v| emit(blocked + t, r, v);
     match *w {
-        Matrix::Mxfp4 { packed, scales, .. } => {
-            rows_with(Nibbles::at(packed, scales, cols), cols, lanes, range, emit)
-        }
-        Matrix::Int4Group { packed, scales, .. } => {
-            rows_with(Nibbles::at(packed, scales, cols), cols, lanes, range, emit)
-        }
+        Matrix::Mxfp4 { packed, scales, .. } => rows_with(
+            Nibbles::<Mx>::at(packed, scales, cols),
+            cols,
+            lanes,
+            range,
+            emit,
+        ),
+        Matrix::Int4Group { packed, scales, .. } => rows_with(
+            Nibbles::<Int4>::at(packed, scales, cols),
+            cols,
+            lanes,
+            range,
+            emit,
+        ),
         Matrix::Bf16 { .. } | Matrix::Fp8Block { .. } => unreachable!("`takes` holds"),
     }
 }
 
-/// One row of a nibble encoding: its packed bytes and its per-block scales (E8M0 bytes for MXFP4, BF16 for
-/// INT4, which picks the table).
+/// One row of a nibble encoding: its packed bytes and its per-block scales (`S` picks the table).
 struct Nibbles<S> {
     packed: *const u8,
-    scales: *const S,
+    scales: S,
 }
 
-impl<S> Nibbles<S> {
+impl<S: Scales> Nibbles<S> {
     /// The row decoder of row r of the matrix (packed, scales, cols).
-    fn at<'a>(packed: &'a [u8], scales: &'a [S], cols: usize) -> impl Fn(usize) -> Self + 'a {
+    fn at<'a>(
+        packed: &'a [u8],
+        scales: &'a [S::Stored],
+        cols: usize,
+    ) -> impl Fn(usize) -> Self + 'a {
         move |r| Nibbles {
             packed: packed[r * cols / 2..].as_ptr(),
-            scales: scales[r * cols / 32..].as_ptr(),
+            scales: S::row(scales[r * cols / 32..].as_ptr()),
         }
     }
-}
 
-/// The 16 weights a nibble of 32-weight block b can stand for, scale applied.
-trait Table {
-    unsafe fn table(&self, b: usize) -> __m512;
-}
-
-impl Table for Nibbles<u8> {
-    /// MXFP4: the magnitudes times the scale, then the sign bit set on entries 8..16: AVX2's decoder applies
-    /// the sign the same way after the same multiply, so even a NaN scale gives the same bits.
+    /// The 16 weights a nibble of 32-weight block b can stand for, scale applied.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn table(&self, b: usize) -> __m512 {
+        self.scales.table(b)
+    }
+}
+
+/// A row's block scales and how they become a block's table.
+trait Scales: Sized {
+    /// The stored scale of one block.
+    type Stored;
+    /// The scales of the row whose first one `scales` points at.
+    fn row(scales: *const Self::Stored) -> Self;
+    unsafe fn table(&self, b: usize) -> __m512;
+}
+
+/// MXFP4's E8M0 scales, each block's table looked up among the 256 a byte can give.
+struct Mx {
+    scales: *const u8,
+    tables: &'static Mxfp4Tables,
+}
+
+/// MXFP4's table for each scale byte (16 KiB, built once): the magnitudes times the scale, then the sign bit
+/// set on entries 8..16. AVX2's decoder applies the sign the same way after the same multiply, so even a NaN
+/// scale gives the same bits; one load per block instead of a broadcast, a multiply and a xor (the decoder
+/// is bound by its vector instructions, not by the bytes it reads).
+#[repr(C, align(64))]
+struct Mxfp4Tables([[f32; 16]; 256]);
+
+impl Mxfp4Tables {
+    fn get() -> &'static Self {
+        static TABLES: OnceLock<Box<Mxfp4Tables>> = OnceLock::new();
+        TABLES.get_or_init(|| {
+            let mut tables = Box::new(Mxfp4Tables([[0.0; 16]; 256]));
+            for (table, &scale) in tables.0.iter_mut().zip(&E8M0) {
+                // SAFETY: this path is only chosen when the CPU has AVX-512F.
+                unsafe { _mm512_storeu_ps(table.as_mut_ptr(), Self::scaled(scale)) }
+            }
+            tables
+        })
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn scaled(scale: f32) -> __m512 {
         let magnitudes = _mm512_setr_ps(
             0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
         );
@@ -99,30 +144,50 @@ impl Table for Nibbles<u8> {
         let signs = _mm512_setr_epi32(
             0, 0, 0, 0, 0, 0, 0, 0, sign, sign, sign, sign, sign, sign, sign, sign,
         );
-        let scale = _mm512_set1_ps(E8M0[usize::from(*self.scales.add(b))]);
-        let scaled = _mm512_castps_si512(_mm512_mul_ps(magnitudes, scale));
+        let scaled = _mm512_castps_si512(_mm512_mul_ps(magnitudes, _mm512_set1_ps(scale)));
         _mm512_castsi512_ps(_mm512_xor_si512(scaled, signs))
     }
 }
 
-impl Table for Nibbles<u16> {
-    /// INT4: (nibble - 8) times the scale, AVX2's and the codec's product, one multiply each.
+impl Scales for Mx {
+    type Stored = u8;
+    fn row(scales: *const u8) -> Self {
+        Mx {
+            scales,
+            tables: Mxfp4Tables::get(),
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn table(&self, b: usize) -> __m512 {
+        _mm512_load_ps(self.tables.0[usize::from(*self.scales.add(b))].as_ptr())
+    }
+}
+
+/// INT4's BF16 scales.
+struct Int4(*const u16);
+
+impl Scales for Int4 {
+    type Stored = u16;
+    fn row(scales: *const u16) -> Self {
+        Int4(scales)
+    }
+    /// (nibble - 8) times the scale, AVX2's and the codec's product, one multiply each.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     unsafe fn table(&self, b: usize) -> __m512 {
         let q = _mm512_setr_ps(
             -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
         );
-        _mm512_mul_ps(q, _mm512_set1_ps(bf16_to_f32(*self.scales.add(b))))
+        _mm512_mul_ps(q, _mm512_set1_ps(bf16_to_f32(*self.0.add(b))))
     }
 }
 
-/// How many weight rows go through a block together: each accumulator's fma waits for the previous one, so
-/// a second row's chains keep the FMA units busy, and each x vector loaded serves both. (Four: the same
-/// from L3, 18 against 22.5 GB/s from DRAM on two threads — more streams than the prefetching serves.)
-const ROWS_TOGETHER: usize = 2;
-
-/// Rows `range` of W times the 1 to 3 lane-ordered x rows `xp`.
+/// Rows `range` of W times the 1 to 3 lane-ordered x rows `xp`, several weight rows through each block
+/// together: each accumulator's fma waits for the previous one, so more rows' chains keep the FMA units busy,
+/// and each x vector loaded serves them all. Four rows of at most 2048 columns with one x row (four such rows
+/// are one short run of memory; 256 columns: 9.4 -> 10.4 GB/s on one thread), else two: four long rows are
+/// more streams than the prefetching serves (4096 columns from DRAM: 13.5 -> 10 GB/s on one thread).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn rows_with<S>(
     row_at: impl Fn(usize) -> Nibbles<S>,
@@ -131,18 +196,40 @@ unsafe fn rows_with<S>(
     range: Range<usize>,
     emit: &mut impl FnMut(usize, usize, f32),
 ) where
-    Nibbles<S>: Table,
+    S: Scales,
 {
     let n = xp.len() / cols.max(1);
     let xp = xp.as_ptr();
-    let mut r = range.start;
-    while r + ROWS_TOGETHER <= range.end {
-        group::<S, ROWS_TOGETHER>(&row_at, r, n, xp, cols, emit);
-        r += ROWS_TOGETHER;
-    }
+    let r = if n == 1 && cols <= 2048 {
+        groups_of::<S, 4>(&row_at, n, xp, cols, range.clone(), emit)
+    } else {
+        groups_of::<S, 2>(&row_at, n, xp, cols, range.clone(), emit)
+    };
     for r in r..range.end {
         group::<S, 1>(&row_at, r, n, xp, cols, emit);
     }
+}
+
+/// The whole groups of NR rows from `range.start`; returns the first row left.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn groups_of<S, const NR: usize>(
+    row_at: &impl Fn(usize) -> Nibbles<S>,
+    n: usize,
+    xp: *const f32,
+    cols: usize,
+    range: Range<usize>,
+    emit: &mut impl FnMut(usize, usize, f32),
+) -> usize
+where
+    S: Scales,
+{
+    let mut r = range.start;
+    while r + NR <= range.end {
+        group::<S, NR>(row_at, r, n, xp, cols, emit);
+        r += NR;
+    }
+    r
 }
 
 /// Rows first..first + NR times the n lane-ordered x rows at `xp`.
@@ -156,7 +243,7 @@ unsafe fn group<S, const NR: usize>(
     cols: usize,
     emit: &mut impl FnMut(usize, usize, f32),
 ) where
-    Nibbles<S>: Table,
+    S: Scales,
 {
     let rows: [Nibbles<S>; NR] = std::array::from_fn(|i| row_at(first + i));
     match n {
@@ -197,7 +284,7 @@ unsafe fn block_rows<S, const NR: usize, const NT: usize>(
     cols: usize,
 ) -> [[Halves; NT]; NR]
 where
-    Nibbles<S>: Table,
+    S: Scales,
 {
     let zero = _mm512_setzero_ps();
     let mut acc = [[(zero, zero); NT]; NR];
@@ -205,7 +292,7 @@ where
         for (row, acc) in rows.iter().zip(&mut acc) {
             let table = row.table(b);
             // Past the matrix's end this names bytes it never reads: prefetches do not fault.
-            _mm_prefetch::<_MM_HINT_T0>(row.packed.wrapping_add(b * 16 + PREFETCH_AHEAD).cast());
+            _mm_prefetch::<_MM_HINT_T1>(row.packed.wrapping_add(b * 16 + PREFETCH_AHEAD).cast());
             let bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.packed.add(b * 16).cast()));
             // vpermps reads the index's low four bits: the low nibble, then (shifted) the high one.
             let even = _mm512_permutexvar_ps(bytes, table);
