@@ -230,15 +230,14 @@ impl Moe {
             (None, None) => (x.to_vec(), None),
         };
         let width = z.len() / n;
-        // 2. expert outputs, each into its union position. Arrived records are taken a few at a time and
-        // computed in parallel, one expert a task (a decode step's experts are each too small to split well);
-        // fewer than the slab's slots are held at once, so the records still to come always find one. Only
-        // the first of a batch is waited for: a record that arrives alone (streaming) is computed at once,
-        // its products split over the pool, while the drive reads the next — waiting for a second record
-        // left the last ones' products after the layer's final read, with the drive idle.
-        let per_batch = rayon::current_num_threads()
-            .min(self.experts.store.slots().saturating_sub(1))
-            .max(1);
+        // 2. expert outputs, each into its union position. Every record that has arrived is taken and computed
+        // in parallel, one expert a task (a decode step's experts are each too small to split well), so
+        // experts in memory cost one parallel region a layer rather than one per pair; fewer than the slab's
+        // slots are held at once, so the records still to come always find one. Only the first of a batch is
+        // waited for: a record that arrives alone (streaming) is computed at once, its products split over
+        // the pool, while the drive reads the next — waiting for a second record left the last ones'
+        // products after the layer's final read, with the drive idle.
+        let per_batch = self.experts.store.slots().saturating_sub(1).max(1);
         let mut outputs: Vec<(Vec<usize>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); union.len()];
         let mut batch = Vec::with_capacity(per_batch);
         while let Some(first) = fetch.next() {
