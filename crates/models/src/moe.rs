@@ -78,10 +78,6 @@ impl Router {
             .map(|row| {
                 let scores: Vec<f32> = row.iter().map(|&l| sigmoid(l)).collect();
                 let choice = |i: usize| scores[i] + self.bias[i];
-                // Highest score first; equal scores: the lower id wins (a total, deterministic order).
-                let best_first = |ids: &mut [usize], score: &dyn Fn(usize) -> f32| {
-                    ids.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)))
-                };
                 let mut order: Vec<usize> = (0..e).collect();
                 if self.groups > 1 {
                     // A group scores the sum of its two best choice scores; only the best groups' experts compete.
@@ -93,14 +89,12 @@ impl Router {
                             c.iter().take(2).sum::<f32>()
                         })
                         .collect();
-                    let mut groups: Vec<usize> = (0..self.groups).collect();
-                    best_first(&mut groups, &|g| group_score[g]);
-                    groups.truncate(self.topk_group);
+                    let groups = top_k_by((0..self.groups).collect(), self.topk_group, |g| {
+                        group_score[g]
+                    });
                     order.retain(|i| groups.contains(&(i / size)));
                 }
-                best_first(&mut order, &choice);
-                let mut ids = order[..self.top_k].to_vec();
-                ids.sort_unstable();
+                let ids = top_k_by(order, self.top_k, choice);
                 let picked: Vec<f32> = ids.iter().map(|&i| scores[i]).collect();
                 let denom = if self.renormalize {
                     // Summed in ascending-id order, like everything downstream.
@@ -141,9 +135,21 @@ impl Router {
 
 /// The ids of the `k` largest scores (ties: the lower id), in ascending order.
 fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    let mut ids = order[..k].to_vec();
+    top_k_by((0..scores.len()).collect(), k, |i| scores[i])
+}
+
+/// The k of `ids` with the highest scores, in ascending id order; equal scores: the lower id wins. That is a
+/// total order, so the set is the same however it is found: a selection, not a sort of all of them (a
+/// decode step routes every MoE layer).
+fn top_k_by(mut ids: Vec<usize>, k: usize, score: impl Fn(usize) -> f32) -> Vec<usize> {
+    let k = k.min(ids.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    ids.select_nth_unstable_by(k - 1, |&a, &b| {
+        score(b).total_cmp(&score(a)).then(a.cmp(&b))
+    });
+    ids.truncate(k);
     ids.sort_unstable();
     ids
 }
@@ -334,5 +340,48 @@ impl Moe {
         picked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let ids: Vec<usize> = picked.into_iter().map(|(e, _)| e).collect();
         store.prefetch(self.experts.layer, &ids);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k_by;
+
+    /// The selection picks what sorting every id by (score descending, id ascending) and taking the first k
+    /// picks — with ties, signed zeros, infinities and NaNs among the scores.
+    #[test]
+    fn top_k_by_is_the_first_k_of_the_full_order() {
+        let values = [
+            0.5,
+            0.5,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            -1.0,
+            f32::NAN,
+            0.25,
+            0.5,
+            -f32::NAN,
+        ];
+        // A small deterministic generator: every score drawn from `values`.
+        let mut state = 7u64;
+        for len in 1..40 {
+            let scores: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    values[(state >> 33) as usize % values.len()]
+                })
+                .collect();
+            for k in 0..=len {
+                let mut all: Vec<usize> = (0..len).collect();
+                all.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+                let mut want = all[..k].to_vec();
+                want.sort_unstable();
+                let got = top_k_by((0..len).collect(), k, |i| scores[i]);
+                assert_eq!(got, want, "len {len}, k {k}, scores {scores:?}");
+            }
+        }
     }
 }
