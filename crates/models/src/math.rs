@@ -28,13 +28,13 @@ pub fn tanh(x: f32) -> f32 {
 /// (SiTU takes two tanh an element, and one at a time they cost more than the expert's products).
 pub fn tanh_div(x: &[f32], div: f32, out: &mut [f32]) {
     assert_eq!(x.len(), out.len(), "tanh_div: x and out differ in length");
+    // The kernels' choice of instruction set (the CPU's best, or `--isa`) picks the lanes here too.
     #[cfg(target_arch = "x86_64")]
-    match vectors() {
-        // SAFETY: the CPU has AVX-512F (checked by `vectors`).
-        Vectors::Avx512 => return unsafe { tanh_div_avx512(x, div, out) },
-        // SAFETY: the CPU has AVX2 (checked by `vectors`).
-        Vectors::Avx2 => return unsafe { tanh_div_avx2(x, div, out) },
-        Vectors::None => {}
+    match deltafin_kernels::isa() {
+        // SAFETY: the kernels choose a path only where the CPU has its features (AVX-512F, AVX2).
+        "avx512" => return unsafe { tanh_div_avx512(x, div, out) },
+        "avx2+fma" => return unsafe { tanh_div_avx2(x, div, out) },
+        _ => {}
     }
     tanh_div_lanes(x, div, out);
 }
@@ -55,34 +55,12 @@ unsafe fn tanh_div_avx2(x: &[f32], div: f32, out: &mut [f32]) {
     tanh_div_lanes(x, div, out);
 }
 
-/// AVX-512F: eight f64 lanes, the same scalar operations in each (1.3x AVX2's rate on Zen 4, 3.75 against 4.9 ns an element, where SiTU's
-/// tanh was 6% of a `small` decode step).
+/// AVX-512F: eight f64 lanes, the same scalar operations in each (3.75 against AVX2's 4.9 ns an element on
+/// Zen 4, where SiTU's tanh was 6% of a `small` decode step).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn tanh_div_avx512(x: &[f32], div: f32, out: &mut [f32]) {
     tanh_div_lanes(x, div, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-enum Vectors {
-    Avx512,
-    Avx2,
-    None,
-}
-
-#[cfg(target_arch = "x86_64")]
-fn vectors() -> Vectors {
-    static VECTORS: std::sync::OnceLock<Vectors> = std::sync::OnceLock::new();
-    *VECTORS.get_or_init(|| {
-        if is_x86_feature_detected!("avx512f") {
-            Vectors::Avx512
-        } else if is_x86_feature_detected!("avx2") {
-            Vectors::Avx2
-        } else {
-            Vectors::None
-        }
-    })
 }
 
 /// ln(1 + eˣ), the same bits on every platform (for x up to about 20, where softplus is linear).
